@@ -122,8 +122,11 @@ class ScriptedModel:
         count_prompt_tokens: Count | None = None,
     ) -> None:
         if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
+            one = isinstance(steps, (ModelResponse, Streamed, BaseException)) or callable(steps)
             raise TypeError(
-                f"ScriptedModel: steps must be a sequence of steps, not {safe_repr(steps)}"
+                f"ScriptedModel: steps must be a sequence of steps, not "
+                f"{type(steps).__name__ if one else safe_repr(steps)}"
+                + (" (put a single step in a list: [step])" if one else "")
             )
         self._steps = list(itertools.islice(steps, MAX_STEPS + 1))
         if len(self._steps) > MAX_STEPS:
@@ -212,18 +215,19 @@ class ScriptedModel:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Play the next step for ``request``."""
-        return await self._play(await self._next(request), request)
+        return await self._play(*await self._next(request), request)
 
-    async def _next(self, request: ModelRequest) -> Any:
-        """Take the next step for ``request`` (a checkpoint first, as a provider's call)."""
+    async def _next(self, request: ModelRequest) -> tuple[int, Any]:
+        """Take the next step for ``request``, with its place in the script (a checkpoint
+        first, as a provider's call)."""
         self.requests.append(request)
         await anyio.lowlevel.checkpoint()
         if not self._steps:
             raise ProtocolError(_out_of_steps(self._name, self._length, self.requests))
-        return self._steps.pop(0)
+        return self._length - len(self._steps), self._steps.pop(0)
 
-    async def _play(self, step: Any, request: ModelRequest) -> ModelResponse:
-        """The answer ``step`` gives to ``request``."""
+    async def _play(self, index: int, step: Any, request: ModelRequest) -> ModelResponse:
+        """The answer ``step`` (the script's ``index``) gives to ``request``."""
         if isinstance(step, BaseException):
             raise step
         if isinstance(step, ModelResponse):
@@ -235,7 +239,8 @@ class ScriptedModel:
             answer = await answer
         if not isinstance(answer, ModelResponse):
             raise ProtocolError(
-                f"ScriptedModel step returned {type(answer).__name__}, not a ModelResponse"
+                f"ScriptedModel {self._name!r}: step {index}, a callable, returned "
+                f"{type(answer).__name__}, not a ModelResponse{_answer_hint(answer)}"
             )
         return answer
 
@@ -243,8 +248,8 @@ class ScriptedModel:
         """Play the next step as a stream: a ``streamed()`` step in its chunks (with its
         delay before each), any other answer's reasoning, its text word by word, then a
         ``ToolCallChunk`` per tool call."""
-        step = await self._next(request)  # taken once: another call cannot take it first
-        response = await self._play(step, request)
+        index, step = await self._next(request)  # taken once: no other call can take it
+        response = await self._play(index, step, request)
         if isinstance(step, Streamed):
             for chunk in step.chunks:
                 if isinstance(chunk, Usage):
@@ -364,6 +369,21 @@ def _out_of_steps(name: str, steps: int, requests: Sequence[ModelRequest]) -> st
     )
 
 
+def _answer_hint(answer: object) -> str:
+    """What a callable step that returned ``answer`` meant to do, when it can be told."""
+    if answer is None:
+        return " (it returned nothing: return the response)"
+    if isinstance(answer, str):
+        return " (wrap an answer's text in text_response(...))"
+    if isinstance(answer, BaseException):
+        return " (raise the exception instead, or make it the step itself)"
+    if isinstance(answer, Message):
+        return " (wrap the message in ModelResponse(...))"
+    if isinstance(answer, Streamed):
+        return " (a callable answers whole: make the streamed(...) step itself the step)"
+    return ""
+
+
 def _callable_step_problem(step: object) -> str | None:
     """Why the callable ``step`` cannot answer a request: a response builder given
     uncalled, or a signature that takes no request; ``None`` for any other step."""
@@ -372,6 +392,8 @@ def _callable_step_problem(step: object) -> str | None:
     if any(step is builder for builder in _BUILDERS):
         name = cast(Callable[..., Any], step).__name__
         return f"the function {name} itself: call it for the response ({name}(...))"
+    if step is Streamed:
+        return "the class Streamed itself: make the step with streamed(...)"
     try:
         signature = inspect.signature(cast(Callable[..., Any], step))
     except (TypeError, ValueError):

@@ -24,7 +24,7 @@ from littleghost import (
     Usage,
     tool,
 )
-from littleghost.errors import ConfigurationError, ProtocolError
+from littleghost.errors import ConfigurationError, ProtocolError, RateLimitError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
 from littleghost.models.streaming import StreamDone, TextChunk
@@ -481,11 +481,43 @@ async def test_scripted_model_raises_protocol_error_when_out_of_steps() -> None:
         await model.respond(ModelRequest([]))
 
 
-async def test_scripted_model_rejects_a_step_that_returns_junk() -> None:
-    """A callable step that returns something other than a response raises ProtocolError."""
-    model = ScriptedModel([lambda request: "text"])
-    with pytest.raises(ProtocolError, match="not a ModelResponse"):
-        await model.respond(ModelRequest([]))
+@pytest.mark.parametrize(
+    ("answer", "told"),
+    [
+        ("text", "str, not a ModelResponse (wrap an answer's text in text_response(...))"),
+        (None, "NoneType, not a ModelResponse (it returned nothing: return the response)"),
+        (
+            RateLimitError("slow down"),
+            "RateLimitError, not a ModelResponse (raise the exception instead, or make it "
+            "the step itself)",
+        ),
+        (
+            Message.assistant("hi"),
+            "Message, not a ModelResponse (wrap the message in ModelResponse(...))",
+        ),
+        (
+            streamed("a", "b"),
+            "Streamed, not a ModelResponse (a callable answers whole: make the streamed(...) "
+            "step itself the step)",
+        ),
+        ([text_response("x")], "list, not a ModelResponse"),
+    ],
+)
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_scripted_model_says_which_step_returned_junk(
+    answer: object, told: str, streaming: bool
+) -> None:
+    """A callable step that returns something other than a response raises ProtocolError
+    naming the model, the step's place in the script and, where it can tell, the fix."""
+    model = ScriptedModel([text_response("first"), lambda request: answer], name="support")
+    await model.respond(ModelRequest([]))
+    with pytest.raises(ProtocolError) as caught:
+        if streaming:
+            async for _ in model.stream(ModelRequest([])):
+                pass
+        else:
+            await model.respond(ModelRequest([]))
+    assert str(caught.value) == f"ScriptedModel 'support': step 1, a callable, returned {told}"
 
 
 async def test_scripted_model_streams_the_step_it_answers_with_when_shared() -> None:
@@ -573,6 +605,12 @@ def test_a_streamed_steps_delay_is_checked_when_made(delay: Any) -> None:
         ({"steps": [text_response("x"), ValueError]}, "step 1 is the exception class ValueError"),
         ({"steps": [text_response]}, r"step 0 is the function text_response itself: call it"),
         ({"steps": [tool_call_response]}, r"step 0 is the function tool_call_response itself"),
+        ({"steps": [Streamed]}, r"step 0 is the class Streamed itself: make the step with "),
+        (
+            {"steps": text_response("x")},
+            r"not ModelResponse \(put a single step in a list: \[step\]\)$",
+        ),
+        ({"steps": lambda request: None}, r"not function \(put a single step in a list"),
         ({"steps": [lambda: text_response("x")]}, r"step 0 .*cannot take the request.* \(\)"),
         ({"steps": [lambda request, extra: None]}, r"step 0 .*missing a required argument"),
         ({"steps": [], "context_window": "big"}, "context_window"),
