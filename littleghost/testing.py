@@ -48,9 +48,20 @@ __all__ = [
 ]
 
 
-def _chunks(value: object) -> tuple[str | Usage, ...]:
-    kinds: Any = (str, Usage)  # isinstance takes the pair
-    return cast(tuple[str | Usage, ...], tuple_of(value, "Streamed.chunks", kinds, "str or Usage"))
+Chunk = str | Usage | BaseException
+"""A piece of a ``streamed()`` step: text, a usage report, or the error that cuts it."""
+
+
+def _chunks(value: object) -> tuple[Chunk, ...]:
+    kinds: Any = (str, Usage, BaseException)  # isinstance takes the tuple
+    chunks = cast(
+        tuple[Chunk, ...], tuple_of(value, "Streamed.chunks", kinds, "str, Usage or exception")
+    )
+    if any(isinstance(chunk, BaseException) for chunk in chunks[:-1]):
+        raise TypeError(
+            "Streamed.chunks: an exception must be the last chunk (the stream ends with it)"
+        )
+    return chunks
 
 
 @frozen
@@ -59,9 +70,11 @@ class Streamed:
     answers ``response`` (their text joined; what ``respond()`` returns whole);
     ``streamed()`` makes one. A ``Usage`` among the chunks is the usage the provider
     reports when the stream reaches it, at once (``report_usage``: Anthropic's input
-    tokens at its start): what a call cut after it is billed."""
+    tokens at its start): what a call cut after it is billed. An exception as the last
+    chunk is raised when the stream reaches it, in place of the answer: a stream cut
+    after its text (``respond()`` reports the usage chunks and raises it)."""
 
-    chunks: tuple[str | Usage, ...] = field(converter=_chunks)
+    chunks: tuple[Chunk, ...] = field(converter=_chunks)
     response: ModelResponse = field(
         validator=instance_of("Streamed.response", ModelResponse, "a ModelResponse")
     )
@@ -233,6 +246,11 @@ class ScriptedModel:
         if isinstance(step, ModelResponse):
             return step
         if isinstance(step, Streamed):
+            if step.chunks and isinstance(step.chunks[-1], BaseException):
+                for chunk in step.chunks:
+                    if isinstance(chunk, Usage):
+                        report_usage(chunk)
+                raise step.chunks[-1]
             return step.response
         answer = step(request)
         if inspect.isawaitable(answer):
@@ -246,19 +264,23 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Play the next step as a stream: a ``streamed()`` step in its chunks (with its
-        delay before each), any other answer's reasoning, its text word by word, then a
-        ``ToolCallChunk`` per tool call."""
+        delay before each text, its exception raised where it stands), any other
+        answer's reasoning, its text word by word, then a ``ToolCallChunk`` per tool
+        call."""
         index, step = await self._next(request)  # taken once: no other call can take it
-        response = await self._play(index, step, request)
         if isinstance(step, Streamed):
             for chunk in step.chunks:
+                if isinstance(chunk, BaseException):
+                    raise chunk
                 if isinstance(chunk, Usage):
                     report_usage(chunk)
                     continue
                 if step.delay:
                     await anyio.sleep(step.delay)
                 yield TextChunk(chunk)
+            response = step.response
         else:
+            response = await self._play(index, step, request)
             for part in response.message.reasoning:
                 await anyio.lowlevel.checkpoint()
                 yield ReasoningChunk(part.text)
@@ -272,14 +294,15 @@ class ScriptedModel:
 
 
 def streamed(
-    *chunks: str | Usage,
+    *chunks: Chunk,
     delay: float = 0.0,
     input_tokens: int = 0,
     output_tokens: int = 0,
     stop_reason: StopReason = StopReason.END_TURN,
 ) -> Streamed:
     """A step whose answer streams in ``chunks`` (a ``Usage`` among them reported as the
-    stream reaches it: ``Streamed``); ``respond()`` returns it whole."""
+    stream reaches it, an exception last raised there: ``Streamed``); ``respond()``
+    returns it whole."""
     response = text_response(
         "".join(chunk for chunk in chunks if isinstance(chunk, str)),
         input_tokens=input_tokens,

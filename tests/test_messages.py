@@ -554,23 +554,33 @@ def test_a_scripted_model_refuses_an_endless_iterator_of_steps() -> None:
 @pytest.mark.parametrize(
     ("chunks", "response", "error"),
     [
-        ((1, 2), text_response("12"), r"Streamed.chunks must hold str or Usage values, not int"),
+        (
+            (1, 2),
+            text_response("12"),
+            r"Streamed.chunks must hold str, Usage or exception values, not int",
+        ),
         (
             None,
             text_response("x"),
-            r"Streamed.chunks must be a sequence of str or Usage, not NoneType",
+            r"Streamed.chunks must be a sequence of str, Usage or exception, not NoneType",
         ),
         (
             "hello",
             text_response("hello"),
-            r"Streamed.chunks must be a sequence of str or Usage, not str",
+            r"Streamed.chunks must be a sequence of str, Usage or exception, not str",
         ),
         (
             {"a": 1},
             text_response("a"),
-            r"Streamed.chunks must be a sequence of str or Usage, not dict",
+            r"Streamed.chunks must be a sequence of str, Usage or exception, not dict",
         ),
         (("a",), "a", r"Streamed.response must be a ModelResponse, not str"),
+        (
+            ("a", ValueError("cut"), "b"),
+            text_response("ab"),
+            r"Streamed.chunks: an exception must be the last chunk \(the stream ends with it\)",
+        ),
+        ((ValueError,), text_response(""), r"or exception values, not type"),
     ],
 )
 def test_a_streamed_steps_chunks_and_response_are_checked_when_made(

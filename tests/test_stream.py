@@ -32,6 +32,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     ProtocolError,
+    ProviderUnavailableError,
     RateLimitError,
 )
 from littleghost.events import (
@@ -227,6 +228,29 @@ class TestEvents:
         retried = [e for e in received if isinstance(e, ModelCallRetried)]
         assert retried == [ModelCallRetried(1, "RateLimitError")]
         assert received.index(retried[0]) < received.index(TextDelta("ok"))
+
+    @pytest.mark.virtual_clock
+    async def test_a_stream_cut_after_its_text_is_retried(self) -> None:
+        """A ``streamed()`` step whose last chunk is an exception raises it after its
+        text, as a stream that breaks does: the consumer sees that text, then
+        ``ModelCallRetried`` billed the usage reported before the cut, then the retry's
+        text; ``run()`` is billed it too."""
+        cut = ProviderUnavailableError("stream cut")
+        script = [
+            streamed(Usage(12, 0), "It is ", "sun", cut),
+            streamed("It is ", "sunny.", input_tokens=12, output_tokens=3),
+        ]
+        received, events = await collect(Agent(model=ScriptedModel(script)), "weather?")
+        assert [e for e in received if isinstance(e, (TextDelta, ModelCallRetried))] == [
+            TextDelta("It is "),
+            TextDelta("sun"),
+            ModelCallRetried(1, "ProviderUnavailableError", Usage(12, 0)),
+            TextDelta("It is "),
+            TextDelta("sunny."),
+        ]
+        assert (events.result.output, events.result.usage) == ("It is sunny.", Usage(24, 3))
+        result = await Agent(model=ScriptedModel(script)).run("weather?")
+        assert (result.output, result.usage) == ("It is sunny.", Usage(24, 3))
 
     async def test_a_turns_retries_are_numbered_together(self) -> None:
         """Transient errors and an overflow recovered by a compaction retry one turn's
