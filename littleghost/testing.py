@@ -223,7 +223,7 @@ class ScriptedModel:
 
     @property
     def remaining(self) -> int:
-        """How many steps are left."""
+        """How many steps are left: nothing else tells of steps a run never took."""
         return len(self._steps)
 
     async def respond(self, request: ModelRequest) -> ModelResponse:

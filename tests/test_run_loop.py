@@ -670,6 +670,32 @@ async def test_a_script_that_a_summary_call_used_up_says_so() -> None:
     )
 
 
+async def test_an_assert_in_a_summary_step_fails_only_that_compaction() -> None:
+    """As the README warns: a callable step's exception is the model call's error, so an
+    ``assert`` failing in the step that answers a summary call fails that compaction
+    only; the run goes on, and ``model.requests`` is where a test asserts instead."""
+
+    @manage_context(context_window_override=2_000, preserve_recent_messages=2)
+    class Managed(Agent):
+        pass
+
+    def summary(request: ModelRequest) -> ModelResponse:
+        assert "order 99" in request.messages[-1].text  # it is not: this fails
+        return text_response("notes")
+
+    words = "word " * 40
+    history = [
+        message
+        for n in range(20)
+        for message in (Message.user(f"question {n} {words}"), Message.assistant(words))
+    ]
+    model = ScriptedModel([summary, text_response("It shipped.")])
+    result = await Managed(model=model).run("Where is it?", history=history)
+    assert (result.output, model.remaining) == ("It shipped.", 0)
+    assert [request.purpose for request in model.requests] == ["context_compaction", "chat"]
+    assert "order 99" not in model.requests[0].messages[-1].text
+
+
 class Prepared:
     """A model with ``prepare()``, noting what it was asked to do, in order."""
 
