@@ -156,14 +156,10 @@ class ScriptedModel:
             if not isinstance(step, (ModelResponse, BaseException, Streamed)) and not callable(
                 step
             ):
-                hint = (
-                    " (wrap an answer's text in text_response(...))"
-                    if isinstance(step, str)
-                    else ""
-                )
                 raise TypeError(
                     f"ScriptedModel: step {index} must be a ModelResponse, a streamed(...) "
-                    f"step, an exception or a callable, not {type(step).__name__}{hint}"
+                    f"step, an exception or a callable, not {type(step).__name__}"
+                    f"{_wrap_hint(step)}"
                 )
             problem = _callable_step_problem(step)
             if problem is not None:
@@ -392,19 +388,26 @@ def _out_of_steps(name: str, steps: int, requests: Sequence[ModelRequest]) -> st
     )
 
 
+def _wrap_hint(value: object) -> str:
+    """How ``value``, given for a response, makes one, when it can be told."""
+    if isinstance(value, str):
+        return " (wrap an answer's text in text_response(...))"
+    if isinstance(value, Message):
+        return " (wrap the message in ModelResponse(...))"
+    if isinstance(value, ToolCall):
+        return " (wrap the call in tool_calls_response(...))"
+    return ""
+
+
 def _answer_hint(answer: object) -> str:
     """What a callable step that returned ``answer`` meant to do, when it can be told."""
     if answer is None:
         return " (it returned nothing: return the response)"
-    if isinstance(answer, str):
-        return " (wrap an answer's text in text_response(...))"
     if isinstance(answer, BaseException):
         return " (raise the exception instead, or make it the step itself)"
-    if isinstance(answer, Message):
-        return " (wrap the message in ModelResponse(...))"
     if isinstance(answer, Streamed):
         return " (a callable answers whole: make the streamed(...) step itself the step)"
-    return ""
+    return _wrap_hint(answer)
 
 
 def _callable_step_problem(step: object) -> str | None:

@@ -501,6 +501,10 @@ async def test_scripted_model_raises_protocol_error_when_out_of_steps() -> None:
             "step itself the step)",
         ),
         ([text_response("x")], "list, not a ModelResponse"),
+        (
+            ToolCall("c1", "lookup", {}),
+            "ToolCall, not a ModelResponse (wrap the call in tool_calls_response(...))",
+        ),
     ],
 )
 @pytest.mark.parametrize("streaming", [False, True])
@@ -612,6 +616,14 @@ def test_a_streamed_steps_delay_is_checked_when_made(delay: Any) -> None:
             "callable, not int$",
         ),
         ({"steps": ["Hi!"]}, r"step 0 .* not str \(wrap an answer's text in text_response"),
+        (
+            {"steps": [Message.assistant("Hi!")]},
+            r"step 0 .* not Message \(wrap the message in ModelResponse\(\.\.\.\)\)$",
+        ),
+        (
+            {"steps": [ToolCall("c1", "lookup", {})]},
+            r"step 0 .* not ToolCall \(wrap the call in tool_calls_response\(\.\.\.\)\)$",
+        ),
         ({"steps": [text_response("x"), ValueError]}, "step 1 is the exception class ValueError"),
         ({"steps": [text_response]}, r"step 0 is the function text_response itself: call it"),
         ({"steps": [tool_call_response]}, r"step 0 is the function tool_call_response itself"),
