@@ -67,12 +67,12 @@ def _chunks(value: object) -> tuple[Chunk, ...]:
 @frozen
 class Streamed:
     """A script step that streams ``chunks`` (``delay`` seconds before each text), then
-    answers ``response`` (their text joined; what ``respond()`` returns whole);
-    ``streamed()`` makes one. A ``Usage`` among the chunks is the usage the provider
-    reports when the stream reaches it, at once (``report_usage``: Anthropic's input
-    tokens at its start): what a call cut after it is billed. An exception as the last
-    chunk is raised when the stream reaches it, in place of the answer: a stream cut
-    after its text (``respond()`` reports the usage chunks and raises it)."""
+    answers ``response`` (their text joined); ``streamed()`` makes one. ``respond()``
+    returns it whole, after the same delays. A ``Usage`` among the chunks is the usage
+    the provider reports when the stream reaches it, at once (``report_usage``:
+    Anthropic's input tokens at its start): what a call cut after it is billed. An
+    exception as the last chunk is raised when the stream reaches it, in place of the
+    answer: a stream cut after its text (``respond()`` raises it too)."""
 
     chunks: tuple[Chunk, ...] = field(converter=_chunks)
     response: ModelResponse = field(
@@ -242,11 +242,8 @@ class ScriptedModel:
         if isinstance(step, ModelResponse):
             return step
         if isinstance(step, Streamed):
-            if step.chunks and isinstance(step.chunks[-1], BaseException):
-                for chunk in step.chunks:
-                    if isinstance(chunk, Usage):
-                        report_usage(chunk)
-                raise step.chunks[-1]
+            for chunk in step.chunks:  # its time, its usage reports, its error
+                await _reach(step, chunk)
             return step.response
         answer = step(request)
         if inspect.isawaitable(answer):
@@ -266,14 +263,9 @@ class ScriptedModel:
         index, step = await self._next(request)  # taken once: no other call can take it
         if isinstance(step, Streamed):
             for chunk in step.chunks:
-                if isinstance(chunk, BaseException):
-                    raise chunk
-                if isinstance(chunk, Usage):
-                    report_usage(chunk)
-                    continue
-                if step.delay:
-                    await anyio.sleep(step.delay)
-                yield TextChunk(chunk)
+                text = await _reach(step, chunk)
+                if text is not None:
+                    yield TextChunk(text)
             response = step.response
         else:
             response = await self._play(index, step, request)
@@ -287,6 +279,19 @@ class ScriptedModel:
                 await anyio.lowlevel.checkpoint()
                 yield ToolCallChunk()
         yield StreamDone(response)
+
+
+async def _reach(step: Streamed, chunk: Chunk) -> str | None:
+    """Play ``chunk`` of ``step`` as its stream reaches it: a text after the step's delay
+    (given back), a ``Usage`` reported, an exception raised."""
+    if isinstance(chunk, BaseException):
+        raise chunk
+    if isinstance(chunk, Usage):
+        report_usage(chunk)
+        return None
+    if step.delay:
+        await anyio.sleep(step.delay)
+    return chunk
 
 
 def streamed(

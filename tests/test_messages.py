@@ -547,6 +547,23 @@ async def test_scripted_model_streams_the_step_it_answers_with_when_shared() -> 
     assert sorted(done for _, done in joined.values()) == ["AAA aaa", "BBB bbb"]
 
 
+@pytest.mark.virtual_clock
+async def test_a_streamed_step_answered_whole_takes_its_streams_time() -> None:
+    """``respond()`` gives a ``streamed()`` step's answer after the delays its stream
+    takes, so a run that does not stream meets a deadline the same step would; its
+    exception, last, is raised there too."""
+    model = ScriptedModel([streamed("a ", "b ", "c", delay=5), streamed("a ", "b ", "c", delay=5)])
+    started = anyio.current_time()
+    assert (await model.respond(ModelRequest([]))).message.text == "a b c"
+    assert anyio.current_time() - started == pytest.approx(15)
+    with anyio.move_on_after(7) as scope:
+        await model.respond(ModelRequest([]))
+    assert scope.cancelled_caught
+    cut = ScriptedModel([streamed("a", ValueError("cut"))])
+    with pytest.raises(ValueError, match="cut"):
+        await cut.respond(ModelRequest([]))
+
+
 def test_a_scripted_model_refuses_an_endless_iterator_of_steps() -> None:
     """``itertools.repeat(step)`` fails at once, naming the limit, instead of filling
     memory forever."""
