@@ -168,9 +168,9 @@ class RunContext:
     (``LOGGED_EVENTS``) over before its error."""
     _doing: Callable[[], str] = field(default=lambda: "starting", repr=False, init=False)
     """What the run is doing, for the error of a deadline that cuts it."""
-    _storing: WaitWatch | None = field(default=None, repr=False, init=False)
-    """What the store write the run is doing waits for (its database, busy with another
-    connection's write), for that error too."""
+    _store_wait: WaitWatch | None = field(default=None, repr=False, init=False)
+    """What the store call the run waits for (a load, a write) waits for (its database,
+    busy with another connection's write), for that error too."""
     _turn_retries: int = field(default=0, repr=False, init=False)
     """How many times the turn's model call was retried (``ModelCallRetried.attempt``)."""
     question: Message | None = field(default=None, repr=False, init=False)
@@ -310,22 +310,29 @@ class RunContext:
                     self.grace.uncertain = True  # it may have landed all the same
                     raise
 
-            doing, storing = self._doing, self._storing
-            with watching_waits() as watch:
-                if not self._past_deadline():  # a write after it is cleanup, not what it cut
-                    self._doing = lambda: "storing messages in the session"
-                    self._storing = watch
-                try:
-                    await self.grace.protect(
-                        write,
-                        f"storing {len(messages)} message(s)",
-                        then=lambda: self._extend(messages, still_open),
-                    )
-                except BaseException:
-                    if not self._past_deadline():  # a tool's timeout cut it: the run goes on
-                        self._doing, self._storing = doing, storing
-                    raise
-            self._doing, self._storing = doing, storing  # a write the stop cut is what it did
+            with self._waiting_for_store("storing messages in the session"):
+                await self.grace.protect(
+                    write,
+                    f"storing {len(messages)} message(s)",
+                    then=lambda: self._extend(messages, still_open),
+                )
+
+    @contextmanager
+    def _waiting_for_store(self, doing: str) -> Iterator[None]:
+        """Around a store call the run waits for (``doing`` it): what the run does and
+        what the call waits for are what the error of a deadline that cuts it says. A
+        call after the deadline is cleanup, not what it cut."""
+        before = self._doing, self._store_wait
+        with watching_waits() as watch:
+            if not self._past_deadline():
+                self._doing, self._store_wait = (lambda: doing), watch
+            try:
+                yield
+            except BaseException:
+                if not self._past_deadline():  # a tool's timeout cut it: the run goes on
+                    self._doing, self._store_wait = before
+                raise
+        self._doing, self._store_wait = before  # a call the stop cut is what it did
 
     @contextmanager
     def _calling(self, name: str, timer: anyio.CancelScope) -> Iterator[None]:

@@ -443,13 +443,14 @@ def _late(
 ) -> DeadlineExceededError:
     """The run's ``DeadlineExceededError``, saying what the run was doing when it came (a
     declared tool by name; still ``waiting`` to hold its session, say, and whether the
-    store's database was what it or a store write waited for), never content."""
+    store's database was what it or a store call (a load, a write) waited for), never
+    content."""
     why = "its deadline"
     if waiting:  # another run holds it, or the store is slow to answer
         why += f", still waiting to hold session {context.session_id!r}"
     else:
         why += f", {context._doing()} in turn {context.turn + 1} (of {agent.max_turns} at most)"
-    waited = watch if waiting else context._storing
+    waited = watch if waiting else context._store_wait
     if waited is not None and waited.database_busy:
         why += ": its store's database was busy with another connection's write"
     return DeadlineExceededError(
@@ -489,7 +490,7 @@ async def _open_session(
     """
     assert context.session_id is not None
     where = f"session {context.session_id!r}"
-    with naming_session(context.session_id):
+    with naming_session(context.session_id), context._waiting_for_store("loading the session"):
         loaded = await awaitable(agent.session_store.load(context.session_id), "load")
     stored = distinct_ids(loaded, where)
     if stored:

@@ -350,7 +350,9 @@ ROWS: dict[str, list[tuple[Reproduce, tuple[str, ...]]]] = {
 }
 
 PINNED_ELSEWHERE = {
-    "`DeadlineExceededError`, `storing messages in the session`": "test_retries_and_deadlines",
+    "`DeadlineExceededError`, `storing messages in the session`, `loading the session`": (
+        "test_retries_and_deadlines, test_sessions_sqlite"
+    ),
     "a tool's `execute_tool` span ERROR, the run going on": "test_telemetry",
     "`SessionStoreError`, `cannot be written: ...`": "test_sessions_sqlite (needs a mount)",
     "`SessionStoreError`, `changed under the run that holds it`": "test_session_fences",

@@ -1516,11 +1516,12 @@ class TestForkedProcesses:
 
 
 @contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Another connection holds the database's write lock while the context is open."""
+def locked(path: Path, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+    """Another connection holds the database's write lock while the context is open
+    (its ``begin`` statement says which)."""
     connection = sqlite3.connect(path, isolation_level=None)
     try:
-        connection.execute("BEGIN IMMEDIATE")
+        connection.execute(begin)
         yield
         connection.execute("ROLLBACK")
     finally:
@@ -1590,6 +1591,38 @@ class TestDeadlines:
             "connection's write"
         )
         assert await texts(store) == ["before", "hi"]
+
+    async def test_a_run_past_its_deadline_loading_on_a_locked_database_says_so(
+        self, tmp_path: Path
+    ) -> None:
+        """Another connection's write takes the database (a store file in rollback
+        journal mode, where a write keeps readers out) once the run holds its session:
+        the run stopped loading it says what its load waited for."""
+        path = tmp_path / "rollback.db"
+        async with SQLiteSessionStore(path) as made:
+            await made.append("s", [Message.user("before")])
+        raw_connection = sqlite3.connect(path, isolation_level=None)
+        raw_connection.execute("PRAGMA journal_mode=DELETE")
+        raw_connection.close()
+        with ExitStack() as held:
+
+            class TakenOnceHeld(SQLiteSessionStore):
+                @asynccontextmanager
+                async def lock(self, session_id: str) -> AsyncIterator[None]:
+                    async with super().lock(session_id):
+                        held.enter_context(locked(path, "BEGIN EXCLUSIVE"))
+                        yield
+
+            model = ScriptedModel([text_response("never")])
+            async with TakenOnceHeld(path, timeout=30) as store:
+                agent = Agent(model=model, session_store=store)
+                with pytest.raises(DeadlineExceededError) as caught:
+                    await agent.run("hi", session_id="s", timeout=0.5)
+        assert str(caught.value) == (
+            "Agent did not finish before its deadline, loading the session in turn 1 (of 100 "
+            "at most): its store's database was busy with another connection's write"
+        )
+        assert model.requests == []
 
     async def test_a_tool_s_write_its_timeout_cut_leaves_no_note_on_a_later_deadline(
         self, store: SQLiteSessionStore
