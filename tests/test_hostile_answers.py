@@ -14,8 +14,8 @@ import pytest
 from littleghost import Agent, Message, ToolCall, tool
 from littleghost.errors import LimitExceededError
 from littleghost.models import Model, ModelResponse
+from littleghost.models import answer_json as answer_json_module
 from littleghost.models import anthropic as anthropic_module
-from littleghost.models import openai as openai_module
 from littleghost.telemetry import REPORTED_CHARS
 from littleghost.testing import ScriptedModel, text_response
 from tests.conftest import Histograms, Spans
@@ -168,8 +168,7 @@ async def test_a_streamed_answer_is_joined_once_not_copied_piece_by_piece(
     adding each piece to the text so far copied it each time, work growing with the
     square of the answer (a hostile server's 4 MB of arguments in 16-byte pieces took
     54 s)."""
-    module = openai_module if provider == "openai" else anthropic_module
-    monkeypatch.setattr(module, "json", CountingJson())
+    monkeypatch.setattr(answer_json_module, "json", CountingJson())  # the events' reader
     arguments = json.dumps({"text": "y" * 20_000})
     pieces = [arguments[i : i + 16] for i in range(0, len(arguments), 16)]
     answers = [_streamed_arguments(provider, pieces)]

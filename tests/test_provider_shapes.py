@@ -669,6 +669,40 @@ async def test_a_usage_count_not_believable_is_not_reported_and_the_answer_kept(
     assert chat["gen_ai.usage.output_tokens"] == 6
 
 
+TOO_LONG = b"7" * 1_000_000
+"""An int of a million digits, more than Python reads (``sys.set_int_max_str_digits``)."""
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_a_usage_count_too_long_to_read_is_not_reported_and_the_answer_kept(
+    adapter: str, streamed: bool, anthropic_model: Make, openai_model: Make, spans: Spans
+) -> None:
+    """A count of more digits than Python reads is a count not believable too (above): it
+    failed the whole answer, streamed or not, as an integer too long to read
+    (``integer_too_long``) elsewhere in it does."""
+    if adapter == "anthropic":
+        usage: dict[str, Any] = {"input_tokens": -1, "output_tokens": 6}
+        events = [message_start(usage), *text_block(0, "fine"), *finish("end_turn", 6)]
+        body = json.dumps(message_body([{"type": "text", "text": "fine"}], usage=usage))
+        sent = anthropic_sse(*events) if streamed else body.encode()
+        make = anthropic_model
+    else:
+        usage = {"prompt_tokens": -1, "completion_tokens": 6, "total_tokens": 6}
+        events = [chunk({"content": "fine"}), chunk({}, "stop"), chunk(usage=usage)]
+        body = json.dumps(completion_body({"content": "fine"}, "stop", usage))
+        sent = openai_sse(*events) if streamed else body.encode()
+        make = openai_model
+    sent = re.sub(rb'("(?:input|prompt)_tokens": ?)-1', rb"\g<1>" + TOO_LONG, sent)
+    answer = event_stream(sent) if streamed else httpx2.Response(200, content=sent, headers=JSON)
+    result = await Agent(model=make(FakeServer(answer))).run("hi")
+    assert result.output == "fine"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (0, 6)
+    chat = spans.one("chat").attributes or {}
+    assert "gen_ai.usage.input_tokens" not in chat
+    assert chat["gen_ai.usage.output_tokens"] == 6
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 async def test_anthropic_prompt_parts_summing_past_an_int64_stop_there(
     streamed: bool, anthropic_model: Make

@@ -37,6 +37,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
 )
 from littleghost.messages import ImagePart, ReasoningPart, TextPart, ToolCall
+from littleghost.models.answer_json import answer_json, keep_answer, keeping_answers, too_long
 from littleghost.models.base import ModelResponse, Usage, report_usage
 from littleghost.models.overflow import classify_error, should_retry, transport_error
 from littleghost.models.streaming import (
@@ -799,7 +800,7 @@ def _redirected(provider: str, redirect: _Redirected) -> InvalidRequestError:
     )
 
 
-_HOOKS = (_refuse_redirect, _note_head)
+_HOOKS = (_refuse_redirect, _note_head, keep_answer)
 """The response hooks ``noting_heads`` adds, in order."""
 
 
@@ -947,7 +948,7 @@ def _classifier(
                 code="nested_too_deep",
                 provider=provider,
             )
-        if type(error) is ValueError and "integer string conversion" in str(error):
+        if too_long(error):
             return ProviderError(  # json.loads of the body: an int past the digit limit
                 f"{provider}: the answer holds an integer of more than {digits_limit()} "
                 "digits, more than this process reads (sys.set_int_max_str_digits)",
@@ -1011,7 +1012,7 @@ def _whole(data: str) -> bool:
     if data.strip() == "[DONE]":
         return True
     try:
-        json.loads(data)
+        answer_json(data)
     except (ValueError, RecursionError):
         return False
     return True
@@ -1105,13 +1106,20 @@ async def answer_or_events(answer: Awaitable[Any]) -> Any:
     """What ``answer``, an SDK call not streamed, gives; the body's text when the SDK
     could not parse it as the JSON it was labelled and it holds events (``sent_events``:
     a server or proxy that streams whatever it is asked, and labels it JSON), as the SDK
-    gives a body labelled otherwise that is not JSON."""
-    try:
-        return await answer
-    except json.JSONDecodeError as error:
-        if sent_events(error.doc) is None:
-            raise
-        return error.doc
+    gives a body labelled otherwise that is not JSON; the body's JSON, read by
+    ``answer_json``, when the SDK could not read an int in it of more digits than Python
+    reads (a usage count's: no count)."""
+    with keeping_answers() as kept:
+        try:
+            return await answer
+        except json.JSONDecodeError as error:
+            if sent_events(error.doc) is None:
+                raise
+            return error.doc
+        except ValueError as error:
+            if not (too_long(error) and kept):
+                raise
+            return answer_json(kept[-1].content)
 
 
 async def streamed_answer(
@@ -1140,7 +1148,7 @@ def _sent_answer(provider: str, body: bytes) -> str | None:
     error; one with an answer is read as it is not streamed, as the answer."""
     try:
         text = body.decode("utf-8-sig")  # a byte order mark is no part of JSON's text
-        sent = json.loads(text)
+        sent = answer_json(text)
     except ValueError:  # not UTF-8, not JSON (an integer too long, too: no error's)
         return None
     if isinstance(sent, dict) and sent.get("error") and not _ANSWERS.intersection(sent):

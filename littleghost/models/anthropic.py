@@ -77,6 +77,7 @@ from littleghost.models._sdk import (
     text_of,
     whole_arguments,
 )
+from littleghost.models.answer_json import answer_json
 from littleghost.models.base import (
     ModelRequest,
     ModelResponse,
@@ -870,7 +871,7 @@ class AnthropicModel:
                     async with aclosing(read) as events:
                         async for name, data in events:
                             if name is WHOLE_ANSWER:  # read as an answer not streamed
-                                body = json.loads(data)
+                                body = answer_json(data)
                                 usage.update(_counts(lookup(body, "usage")))
                                 sent_whole = self._read(body, params["max_tokens"])
                                 break
@@ -934,7 +935,7 @@ class AnthropicModel:
         server sends it: an ``error:`` line, its text or JSON of another shape) is raised
         as the error it reports."""
         try:
-            event = json.loads(data)
+            event = answer_json(data)
         except json.JSONDecodeError:  # an integer too long, or nesting too deep: mapped
             if name == "error":
                 raise classify_error(provider=self.provider, message=data) from None

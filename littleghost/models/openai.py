@@ -72,6 +72,7 @@ from littleghost.models._sdk import (
     text_of,
     whole_arguments,
 )
+from littleghost.models.answer_json import answer_json
 from littleghost.models.base import (
     ModelRequest,
     ModelResponse,
@@ -934,7 +935,7 @@ class OpenAIModel:
                     async with aclosing(read) as events:
                         async for name, data in events:
                             if name is WHOLE_ANSWER:  # read as an answer not streamed
-                                body = json.loads(data)
+                                body = answer_json(data)
                                 usage = lookup(body, "usage")
                                 sent_whole = self._read(body, request)
                                 break
@@ -1088,7 +1089,7 @@ class OpenAIModel:
         """One streamed chunk; an ``error`` event, or a chunk with an ``error`` (an object,
         or a string as TGI sends), is raised as the error it reports."""
         try:
-            chunk = json.loads(data)
+            chunk = answer_json(data)
         except json.JSONDecodeError:  # an integer too long, or nesting too deep: mapped
             if event == "error":
                 raise classify_error(provider=self.provider, message=data) from None
