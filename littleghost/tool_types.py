@@ -81,7 +81,8 @@ def parse_json(text: str) -> Any:
 
     Raises:
         ToolArgumentError: The text is not valid JSON (``"not valid JSON: ..."`` says why),
-            or holds an integer too long to read (``"not readable: ..."``).
+            holds an integer too long to read (``"not readable: ..."``), or nests more
+            than ``MAX_DEPTH`` levels deep (past what the parser goes too).
     """
     try:
         value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
@@ -96,11 +97,15 @@ def parse_json(text: str) -> Any:
             f"not readable: it holds an integer of more than {digits_limit()} digits, "
             "more than Python reads (sys.set_int_max_str_digits)"
         ) from None
-    except RecursionError:  # nested deeper than the parser goes
-        raise ToolArgumentError("not valid JSON") from None
+    except RecursionError:  # nested deeper than the parser goes, and than MAX_DEPTH
+        raise _too_deep() from None
     if nests_deeper(value):
-        raise ToolArgumentError(f"nested more than {MAX_DEPTH} levels deep")
+        raise _too_deep()
     return well_formed_value(value)
+
+
+def _too_deep() -> ToolArgumentError:
+    return ToolArgumentError(f"nested more than {MAX_DEPTH} levels deep")
 
 
 def _no_constant(name: str) -> float:

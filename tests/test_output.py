@@ -897,6 +897,24 @@ class TestRepair:
         assert caught.value.errors == (f"the answer is not valid JSON: {problem}",)
         assert len(model.requests) == 2 and len(await store.load("s")) == 4 + (not native)
 
+    @pytest.mark.parametrize("levels", [101, 100_000], ids=["deep", "past-python"])
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    async def test_an_answer_nested_too_deep_is_repaired_then_raises_saying_so(
+        self, native: bool, levels: int
+    ) -> None:
+        """JSON nested deeper than Python's parser goes (its RecursionError) was told as
+        "not valid JSON": it is nested too deep, as one littleghost reads and refuses is
+        told, with the same repair turn and OutputValidationError."""
+        reply = '{"result": ' + "[" * levels + "]" * levels + "}"
+        step = (
+            text_response(reply) if native else tool_call_response(OUTPUT_TOOL, reply, call_id="c")
+        )
+        model = ScriptedModel([step, step], supports_output_schema=native)
+        with pytest.raises(OutputValidationError) as caught:
+            await Plain(model=model).run("go", output_type=list[Any])
+        assert caught.value.errors == ("the answer is nested more than 100 levels deep",)
+        assert len(model.requests) == 2
+
     async def test_final_result_arguments_holding_a_non_finite_float_are_kept_as_text(
         self,
     ) -> None:

@@ -1418,7 +1418,7 @@ async def fussy_result(arguments: dict[str, Any] | str, name: str) -> ToolResult
         ({"shade": "pale"}, "shade", "shade: expected one of ['light', 'dark'], got 'pale'"),
         ({"interval": {"low": 3, "high": 1}}, "measure", "interval: low is above high"),
         ({"factor": 10**400}, "scale", "factor: the number is too large"),
-        ("[" * 100_000, "scale", "the arguments are not valid JSON"),
+        ("[" * 100_000, "scale", "the arguments are nested more than 100 levels deep"),
         ('{"factor": NaN}', "scale", "the arguments are not valid JSON: NaN is not a JSON number"),
         ('{"factor": -Infinity}', "scale", "valid JSON: -Infinity is not a JSON number"),
         ('{"factor": 1e400}', "scale", "the number 1e400 is too large for a float"),
