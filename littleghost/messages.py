@@ -26,6 +26,7 @@ __all__ = [
     "TextPart",
     "ToolCall",
     "ToolResult",
+    "empty_image",
     "new_id",
     "stray_part",
 ]
@@ -111,6 +112,18 @@ class ImagePart:
     def __attrs_post_init__(self) -> None:
         if (self.data is None) == (self.url is None):
             raise TypeError("ImagePart needs exactly one of data= or url=")
+
+
+def empty_image(part: object) -> bool:
+    """Whether ``part`` is an image without bytes (``data=b""``, or a ``data:`` URL with
+    nothing after its comma), which providers refuse. Such a part is made and stored as
+    any other: refused only where it would be sent."""
+    if not isinstance(part, ImagePart):
+        return False
+    if part.data is not None:
+        return not part.data
+    url = part.url or ""
+    return url[:5].lower() == "data:" and not url.partition(",")[2]
 
 
 _EMPTY: Mapping[str, Any] = types.MappingProxyType({})

@@ -65,7 +65,15 @@ from littleghost.events import (
 from littleghost.exiting import stopped_at_exit
 from littleghost.hooks import BoundHook, run_chain
 from littleghost.log_rules import check_history, check_pairing, check_parts, check_stored
-from littleghost.messages import ImagePart, Message, Role, ToolCall, ToolResult, new_id
+from littleghost.messages import (
+    ImagePart,
+    Message,
+    Role,
+    ToolCall,
+    ToolResult,
+    empty_image,
+    new_id,
+)
 from littleghost.models.base import (
     Model,
     ModelRequest,
@@ -1258,6 +1266,12 @@ def _user_message(value: object) -> Message:
                 f"{value.role} message (earlier messages go in history=)"
             )
         check_parts((value,), lambda _: "input")
+        if any(empty_image(part) for part in value.content):
+            raise ConfigurationError(
+                "input: an ImagePart holds no image (data=b'', or a data: URL with nothing "
+                "after its comma), which providers refuse: give the image's bytes, or leave "
+                "the part out"
+            )
         if any(_schemeless(part) for part in value.content):
             raise ConfigurationError(
                 "input: an ImagePart's url has no scheme (https://..., data:...): the image "

@@ -1753,6 +1753,24 @@ async def test_an_image_given_a_file_s_path_for_its_url_fails_before_anything(ur
         assert (await agent.run(taken)).output == "It looks fine."
 
 
+@pytest.mark.parametrize("image", [b"", "data:image/png;base64,"], ids=["bytes", "data-url"])
+async def test_an_empty_image_fails_before_anything(image: bytes | str) -> None:
+    """An image without bytes went to the provider, which refuses it (a 400 after a round
+    trip), and the question was stored with it first; a scripted test passed."""
+    model = ScriptedModel([text_response("It looks fine.")])
+    store = InMemorySessionStore()
+    part = ImagePart(data=image) if isinstance(image, bytes) else ImagePart(url=image)
+    with pytest.raises(ConfigurationError) as caught:
+        await Agent(model=model, session_store=store).run(
+            Message.user("Is this parcel damaged?", part), session_id="s"
+        )
+    assert str(caught.value) == (
+        "input: an ImagePart holds no image (data=b'', or a data: URL with nothing after "
+        "its comma), which providers refuse: give the image's bytes, or leave the part out"
+    )
+    assert model.requests == [] and await store.list_sessions() == ()
+
+
 class Rules:
     """Callable instructions, as an object."""
 

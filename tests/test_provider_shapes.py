@@ -23,7 +23,7 @@ from littleghost.errors import (
     ProviderError,
     ProviderUnavailableError,
 )
-from littleghost.messages import Message
+from littleghost.messages import ImagePart, Message
 from littleghost.models import ModelRequest, ModelResponse, ToolSpec
 from littleghost.models.anthropic import LONGEST_UNSTREAMED
 from littleghost.models.streaming import StreamDone, TextChunk, ToolCallChunk
@@ -667,6 +667,33 @@ async def test_a_usage_count_not_believable_is_not_reported_and_the_answer_kept(
     chat = spans.one("chat").attributes or {}
     assert "gen_ai.usage.input_tokens" not in chat
     assert chat["gen_ai.usage.output_tokens"] == 6
+
+
+@pytest.mark.parametrize(
+    "image",
+    [ImagePart(data=b""), ImagePart(url="data:image/png;base64,")],
+    ids=["bytes", "data-url"],
+)
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_an_empty_image_is_refused_before_anything_is_sent(
+    adapter: str, image: ImagePart, anthropic_model: Make, openai_model: Make
+) -> None:
+    """An image without bytes, in a stored session (which loads it as it is), went to the
+    provider, which refuses it: a 400 after a round trip. It is the same error, sent
+    nowhere."""
+    store = InMemorySessionStore()
+    earlier = [Message.user("Look:", image), Message.assistant("Nothing there.")]
+    await store.append("s", earlier)
+    assert await store.load("s") == tuple(earlier)
+    server = FakeServer()
+    model = (anthropic_model if adapter == "anthropic" else openai_model)(server)
+    with pytest.raises(InvalidRequestError) as caught:
+        await Agent(model=model, session_store=store).run("And now?", session_id="s")
+    assert str(caught.value) == (
+        f"{adapter}: the request holds an ImagePart with no image (data=b'', or a data: URL "
+        "with nothing after its comma), which the API refuses; nothing was sent"
+    )
+    assert server.requests == []
 
 
 TOO_LONG = b"7" * 1_000_000

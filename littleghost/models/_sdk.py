@@ -36,7 +36,14 @@ from littleghost.errors import (
     ProviderError,
     ProviderUnavailableError,
 )
-from littleghost.messages import ImagePart, ReasoningPart, TextPart, ToolCall
+from littleghost.messages import (
+    ImagePart,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    empty_image,
+)
 from littleghost.models.answer_json import answer_json, keep_answer, keeping_answers, too_long
 from littleghost.models.base import ModelResponse, Usage, report_usage
 from littleghost.models.overflow import classify_error, should_retry, transport_error
@@ -67,6 +74,7 @@ __all__ = [
     "check_api_key",
     "check_base_url",
     "check_context_window",
+    "check_images",
     "check_model_name",
     "check_url_user",
     "client_at",
@@ -404,6 +412,22 @@ def image_media_type(part: ImagePart) -> str:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "image/webp"
     return "image/png"
+
+
+def check_images(provider: str, messages: Iterable[Message]) -> None:
+    """Refuse a request holding an image without bytes (``empty_image``), which the APIs
+    refuse, before it is sent.
+
+    Raises:
+        InvalidRequestError: Such an image (the error the API's answer would be).
+    """
+    if any(empty_image(part) for message in messages for part in message.content):
+        raise InvalidRequestError(
+            f"{provider}: the request holds an ImagePart with no image (data=b'', or a "
+            "data: URL with nothing after its comma), which the API refuses; nothing was sent",
+            code="empty_image",
+            provider=provider,
+        )
 
 
 def image_base64(part: ImagePart) -> str:

@@ -47,6 +47,7 @@ from littleghost.models._sdk import (
     check_api_key,
     check_base_url,
     check_context_window,
+    check_images,
     check_model_name,
     check_not_model_string,
     check_request_timeout,
@@ -704,6 +705,7 @@ class AnthropicModel:
         await self._clients.aclose()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
+        check_images(self.provider, request.messages)  # sent nowhere: refused
         system, messages = convert_messages(request.messages, tools=bool(request.tools))
         asked = request.messages[-1].role if request.messages else None
         if asked in (Role.USER, Role.TOOL) and (not messages or messages[-1]["role"] != "user"):

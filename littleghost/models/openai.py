@@ -41,6 +41,7 @@ from littleghost.models._sdk import (
     check_api_key,
     check_base_url,
     check_context_window,
+    check_images,
     check_model_name,
     check_not_model_string,
     check_request_timeout,
@@ -635,6 +636,7 @@ class OpenAIModel:
         await self._clients.aclose()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
+        check_images(self.provider, request.messages)  # sent nowhere: refused
         developer_role = "developer" if self._official else "system"
         # Reasoning goes back within the current turn's tool loop (after the last user
         # message), where servers that think between tool calls expect it, and on every
