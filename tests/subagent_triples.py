@@ -38,6 +38,7 @@ lists what broke of the invariants:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import random
@@ -45,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import attrs
 from attrs import define, field, frozen
 from opentelemetry.sdk.trace import ReadableSpan
@@ -71,6 +73,7 @@ from littleghost.events import (
     ModelCallRetried,
     RunFinished,
     SideCallFinished,
+    ToolCallStarted,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.sessions import InMemorySessionStore, SessionStore
@@ -83,14 +86,21 @@ from tests.stores import PlainStore
 
 DIMENSIONS: dict[str, tuple[Any, ...]] = {
     "parent_mode": ("run", "stream", "run_sync"),
-    "child_mode": ("run", "stream"),
+    "child_mode": ("run", "stream", "run_sync"),
     "parent_context": ("off", "summaries"),
     "child_context": ("off", "summaries", "budget"),
     "child_output": ("text", "native", "tool"),
     "child_session": ("none", "memory", "plain"),
     "hooks": ("none", "both"),
     "fault": ("none", "summary_stall", "write_stall", "model_stall", "retry", "retry_long"),
-    "stop": ("none", "parent_deadline", "caller_cancel", "child_deadline", "tool_timeout"),
+    "stop": (
+        "none",
+        "parent_deadline",
+        "caller_cancel",
+        "consumer_leaves",
+        "child_deadline",
+        "tool_timeout",
+    ),
 }
 """What the harness combines, with its values."""
 STALLS = ("summary_stall", "write_stall", "model_stall")
@@ -114,6 +124,13 @@ def allowed(case: Mapping[str, Any]) -> bool:
         return False
     if mode == "run_sync" and (stop == "caller_cancel" or fault == "retry_long"):
         return False
+    if stop == "consumer_leaves" and mode not in (None, "stream"):
+        return False
+    if case.get("child_mode") == "run_sync":
+        if fault in (*STALLS, "retry_long"):
+            return False  # its own event loop, which the parent's stop does not reach
+        if stop in ("parent_deadline", "caller_cancel", "tool_timeout") and mode != "run_sync":
+            return False  # a virtual clock jumps while its thread works
     return not (fault == "retry_long" and stop == "none")
 
 
@@ -368,7 +385,9 @@ async def _run_child(world: World, task: str) -> Any:
     if case["stop"] == "child_deadline":
         options["timeout"] = world.stop_after
     try:
-        if case["child_mode"] == "run":
+        if case["child_mode"] == "run_sync":
+            result = await anyio.to_thread.run_sync(functools.partial(agent.run_sync, task, **options))
+        elif case["child_mode"] == "run":
             result = await agent.run(task, **options)
         else:
             async with agent.stream(task, **options) as events:
@@ -437,8 +456,8 @@ def make_world(case: Mapping[str, Any]) -> World:
     elif case["child_session"] == "plain":
         child_store = StallingPlain(stall_at)
     world = World(case, rng, parent, child, InMemorySessionStore(), child_store)
-    if case["parent_mode"] == "run_sync":
-        world.stop_after = 0.3
+    if case["parent_mode"] == "run_sync":  # real seconds: a stall's stop, past a retry's wait
+        world.stop_after = 0.3 if fault in STALLS else 3.0
     return world
 
 
@@ -473,12 +492,20 @@ async def _parent_run(world: World, agent: Agent, outcome: Outcome) -> None:
                 async with agent.stream("Check depot D-7.", **options) as events:
                     async for event in events:
                         outcome.events.append(event)
+                        if case["stop"] == "consumer_leaves" and _delegating(event):
+                            await anyio.sleep(world.stop_after)  # the sub-agent at work
+                            outcome.cancelled = True
+                            return
                 outcome.result = events.result
             else:
                 outcome.result = await agent.run("Check depot D-7.", **options)
         except Exception as error:
             outcome.error = error
     outcome.cancelled = scope.cancelled_caught
+
+
+def _delegating(event: Event) -> bool:
+    return isinstance(event, ToolCallStarted) and event.call.name == "delegate"
 
 
 def _run(case: Mapping[str, Any], function: Callable[..., Any], *args: Any) -> Any:
@@ -508,11 +535,15 @@ def converse(case: Mapping[str, Any]) -> tuple[World, Outcome]:
 def expected_end(case: Mapping[str, Any]) -> str:
     """How the parent's run ends: ``answer``, ``deadline`` or ``cancelled``."""
     fault, stop = case["fault"], case["stop"]
+    if stop == "consumer_leaves":
+        return "cancelled"
     if fault not in (*STALLS, "retry_long") or stop in ("child_deadline", "tool_timeout"):
         return "answer"
-    if fault == "retry_long" and stop == "parent_deadline":
-        return "answer"  # the sub-agent refuses the wait: the tool's error result
-    return {"parent_deadline": "deadline", "caller_cancel": "cancelled"}[stop]
+    return {
+        "parent_deadline": "deadline",
+        "caller_cancel": "cancelled",
+        "consumer_leaves": "cancelled",
+    }[stop]
 
 
 def _delegate_result(log: Sequence[Message]) -> Any:
@@ -534,6 +565,8 @@ def _outcome_problems(case: Mapping[str, Any], world: World, outcome: Outcome) -
             problems.append(f"raised {error!r} (cancelled: {outcome.cancelled}), not its deadline")
         elif error.run_usage != world.parent.usage:  # type: ignore[attr-defined]
             problems.append(f"run_usage {error.run_usage} for {world.parent.usage} billed")  # type: ignore[attr-defined]
+        elif case["fault"] == "retry_long" and not isinstance(error.__cause__, RateLimitError):
+            problems.append(f"the refused retry wait's cause is {error.__cause__!r}")
     elif error is not None or not outcome.cancelled:
         problems.append(f"the caller's cancellation became {error!r}")
     result = _delegate_result(_run(case, _load, world.parent_store, PARENT_SESSION))
@@ -546,12 +579,6 @@ def _outcome_problems(case: Mapping[str, Any], world: World, outcome: Outcome) -
             outputs = [r.output for r in world.child_results]
             if outputs != [wanted]:
                 problems.append(f"the sub-agent answered {outputs}")
-        if case["fault"] == "retry_long" and case["stop"] == "parent_deadline":
-            errors = world.child_errors
-            if len(errors) != 1 or not isinstance(errors[0], DeadlineExceededError):
-                problems.append(f"the sub-agent raised {errors}, not its refused wait")
-            elif not isinstance(errors[0].__cause__, RateLimitError):
-                problems.append(f"the refused wait's cause is {errors[0].__cause__!r}")
     return problems
 
 
@@ -677,13 +704,16 @@ def _span_problems(
                 problems.append("spans: a compaction on the parent's run, which has none")
             if who == "child" and case["child_context"] == "off" and attempted:
                 problems.append("spans: a compaction on the sub-agent's run, which has none")
-            if who == "parent" and outcome.result is not None:
-                records = [m for m in outcome.result.messages if is_record(m)]
-                if bool(records) != bool(completed):
+            results = [outcome.result] if who == "parent" else world.child_results
+            for result in [r for r in results if r is not None]:
+                records = [m for m in result.messages if is_record(m)]
+                if len(records) != len(completed):
                     problems.append(
-                        f"spans: {len(completed)} compactions traced on the parent's run "
+                        f"spans: {len(completed)} compactions traced on the {who}'s run "
                         f"for {len(records)} records"
                     )
+        stalled = [s for s in chats if (s.attributes or {}).get("gen_ai.usage.input_tokens") is None]
+        problems += _cut_problems(case, who, stalled)
     if outcome.result is not None and outcome.result.usage != world.parent.usage:
         problems.append(
             f"usage: the parent's result says {outcome.result.usage}, its model billed "
@@ -710,10 +740,34 @@ def _span_problems(
         for span in delegates:
             if _status(span) != ("ERROR", "timeout"):
                 problems.append(f"spans: the timed-out delegate call ended {_status(span)}")
+        for span in children:
+            if _status(span) != ("UNSET", None):
+                problems.append(f"spans: the sub-agent its tool's timeout cut ended {_status(span)}")
     if case["stop"] == "child_deadline" and case["fault"] in (*STALLS, "retry_long"):
         for span in (*children, *delegates):
             if _status(span) != ("ERROR", "DeadlineExceededError"):
                 problems.append(f"spans: {span.name} ended {_status(span)}, its own deadline")
+    return problems
+
+
+def _cut_problems(case: Mapping[str, Any], who: str, cut: Sequence[ReadableSpan]) -> list[str]:
+    """The ``chat`` spans of calls that never answered (a stall, a rate limit) end as the
+    stop says: the deadline that cut them ERROR, a cancellation UNSET."""
+    problems = []
+    stop, fault = case["stop"], case["fault"]
+    for span in cut:
+        status = _status(span)
+        if status == ("ERROR", "RateLimitError"):
+            continue
+        reason = (span.attributes or {}).get("gen_ai.response.finish_reasons")
+        if who == "parent":
+            wanted = ("UNSET", None)
+        elif stop == "parent_deadline" or (stop == "child_deadline" and fault in STALLS):
+            wanted = ("ERROR", "DeadlineExceededError")
+        else:
+            wanted = ("UNSET", None)
+        if status != wanted or reason != ("error",):
+            problems.append(f"spans: a cut chat span of the {who} ended {status} ({reason})")
     return problems
 
 
