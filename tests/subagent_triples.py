@@ -65,7 +65,7 @@ from littleghost import (
 )
 from littleghost.context import PromptBudget
 from littleghost.context.records import is_record
-from littleghost.errors import DeadlineExceededError, RateLimitError
+from littleghost.errors import ContextWindowOverflowError, DeadlineExceededError, RateLimitError
 from littleghost.events import (
     CompactionFinished,
     Event,
@@ -80,7 +80,7 @@ from littleghost.sessions import InMemorySessionStore, SessionStore
 from littleghost.telemetry import COMPACTION_EVENT, COMPACTION_OUTCOME
 from littleghost.testing import ScriptedModel
 from tests.clocks import virtual
-from tests.conftest import Spans
+from tests.conftest import Histograms, Spans
 from tests.faults import log_problems, request_problems, unanswered
 from tests.stores import PlainStore
 
@@ -92,7 +92,16 @@ DIMENSIONS: dict[str, tuple[Any, ...]] = {
     "child_output": ("text", "native", "tool"),
     "child_session": ("none", "memory", "plain"),
     "hooks": ("none", "both"),
-    "fault": ("none", "summary_stall", "write_stall", "model_stall", "retry", "retry_long"),
+    "fault": (
+        "none",
+        "summary_stall",
+        "write_stall",
+        "model_stall",
+        "retry",
+        "retry_long",
+        "overflow",
+        "misfit",
+    ),
     "stop": (
         "none",
         "parent_deadline",
@@ -121,6 +130,8 @@ def allowed(case: Mapping[str, Any]) -> bool:
     if fault == "summary_stall" and case.get("child_context") not in (None, "summaries"):
         return False
     if fault == "write_stall" and case.get("child_session") == "none":
+        return False
+    if fault == "misfit" and case.get("child_output") == "text":
         return False
     if mode == "run_sync" and (stop == "caller_cancel" or fault == "retry_long"):
         return False
@@ -222,6 +233,8 @@ class Director:
     script: Callable[[int, ModelRequest], ModelResponse]
     stall_summary: bool = False
     stall_chat: bool = False
+    overflows: int = 0
+    """How many chat calls to refuse as over the window first."""
     rate_limits: list[float] = field(factory=list)
     """The ``retry_after`` of each rate limit to raise before the first chat answer."""
     chats: list[ModelRequest] = field(factory=list)
@@ -242,6 +255,12 @@ class Director:
             return ModelResponse(Message.assistant(SUMMARY), StopReason.END_TURN, used)
         if self.rate_limits:
             raise RateLimitError("slow down", retry_after=self.rate_limits.pop(0))
+        if self.overflows:
+            self.overflows -= 1
+            size = billed(request).input_tokens * 10
+            raise ContextWindowOverflowError(
+                "prompt is too long", provider="scripted", prompt_tokens=size, context_window=WINDOW
+            )
         if self.stall_chat:
             await anyio.sleep(STALL)
         self.chats.append(request)
@@ -268,10 +287,15 @@ def parent_script(step: int, request: ModelRequest) -> ModelResponse:
     return ModelResponse(Message.assistant(PARENT_ANSWER), StopReason.END_TURN)
 
 
-def child_script(output: str) -> Callable[[int, ModelRequest], ModelResponse]:
-    """The sub-agent: one answer of its output kind."""
+def child_script(output: str, misfit: bool) -> Callable[[int, ModelRequest], ModelResponse]:
+    """The sub-agent: one answer of its output kind (after one that misfits)."""
 
     def answer(step: int, request: ModelRequest) -> ModelResponse:
+        if misfit and step == 0:
+            if output == "tool":
+                call = ToolCall("c-misfit", "final_result", {"depot": "D-7"})
+                return ModelResponse(Message.assistant(tool_calls=(call,)), StopReason.TOOL_USE)
+            return ModelResponse(Message.assistant('{"depot": 7}'), StopReason.END_TURN)
         if output == "tool":
             call = ToolCall(f"c-final-{step}", "final_result", attrs.asdict(TICKET))
             return ModelResponse(Message.assistant(tool_calls=(call,)), StopReason.TOOL_USE)
@@ -440,7 +464,7 @@ def make_world(case: Mapping[str, Any]) -> World:
     fault = case["fault"]
     child = Director(
         "child",
-        child_script(case["child_output"]),
+        child_script(case["child_output"], fault == "misfit"),
         stall_summary=fault == "summary_stall",
         stall_chat=fault == "model_stall",
     )
@@ -448,8 +472,13 @@ def make_world(case: Mapping[str, Any]) -> World:
         child.rate_limits = [rng.choice((0.05, 0.2))]
     elif fault == "retry_long":
         child.rate_limits = [60.0]  # past every stop: the wait is refused or cut
+    elif fault == "overflow":
+        child.overflows = 1
     parent = Director("parent", parent_script)
-    stall_at = rng.randrange(2) if fault == "write_stall" else None  # the question, the answer
+    # the question's write, a compaction record's or the answer's (a write past the run's
+    # writes never stalls: the sub-agent then ends as if none did)
+    writes = 3 if case["child_context"] == "summaries" else 2
+    stall_at = rng.randrange(writes) if fault == "write_stall" else None
     child_store: SessionStore | None = None
     if case["child_session"] == "memory":
         child_store = StallingStore(stall_at)
@@ -572,6 +601,7 @@ def _outcome_problems(case: Mapping[str, Any], world: World, outcome: Outcome) -
     result = _delegate_result(_run(case, _load, world.parent_store, PARENT_SESSION))
     if end == "answer" and result is not None:
         stopped = case["fault"] in (*STALLS, "retry_long")
+        stopped |= case["fault"] == "overflow" and case["child_context"] == "off"
         if stopped != result.is_error:
             problems.append(f"the delegate call's result is {result.content!r}")
         if not stopped:
@@ -707,7 +737,7 @@ def _span_problems(
             results = [outcome.result] if who == "parent" else world.child_results
             for result in [r for r in results if r is not None]:
                 records = [m for m in result.messages if is_record(m)]
-                if len(records) != len(completed):
+                if bool(records) != bool(completed):  # a fallback appends two at once
                     problems.append(
                         f"spans: {len(completed)} compactions traced on the {who}'s run "
                         f"for {len(records)} records"
@@ -757,7 +787,7 @@ def _cut_problems(case: Mapping[str, Any], who: str, cut: Sequence[ReadableSpan]
     stop, fault = case["stop"], case["fault"]
     for span in cut:
         status = _status(span)
-        if status == ("ERROR", "RateLimitError"):
+        if status in (("ERROR", "RateLimitError"), ("ERROR", "context_length_exceeded")):
             continue
         reason = (span.attributes or {}).get("gen_ai.response.finish_reasons")
         if who == "parent":
@@ -808,10 +838,63 @@ def _hook_problems(case: Mapping[str, Any], world: World) -> list[str]:
     return problems
 
 
-def problems(case: Mapping[str, Any], spans: Spans) -> list[str]:
+def _metric_problems(
+    case: Mapping[str, Any], world: World, points: Mapping[str, Sequence[Any]]
+) -> list[str]:
+    """The token metric counts each model's billing once; each run's duration point has
+    the error type its span has (``cancelled`` for a cancellation)."""
+    problems = []
+    for who, director in (("parent", world.parent), ("child", world.child)):
+        counted = sum(
+            point.sum
+            for point in points.get("gen_ai.client.token.usage", ())
+            if (point.attributes or {}).get("gen_ai.request.model") == f"{who}-model"
+            and (point.attributes or {}).get("gen_ai.token.type") == "input"
+        )
+        if counted != director.usage.input_tokens:
+            problems.append(
+                f"metrics: {counted} input tokens of the {who}'s model, it billed "
+                f"{director.usage.input_tokens}"
+            )
+    runs = {
+        (a.get("gen_ai.agent.name"), a.get("error.type"))
+        for point in points.get("gen_ai.invoke_agent.duration", ())
+        for a in [dict(point.attributes or {})]
+    }
+    end = expected_end(case)
+    wanted_parent = {"answer": None, "deadline": "DeadlineExceededError", "cancelled": "cancelled"}
+    if ("Parent", wanted_parent[end]) not in runs:
+        problems.append(f"metrics: the parent's run recorded as {runs}")
+    stopped = case["fault"] in (*STALLS, "retry_long") or case["stop"] == "consumer_leaves"
+    if stopped and world.child_errors:
+        stop = case["stop"]
+        error = world.child_errors[0]
+        wanted = (
+            "context_length_exceeded"
+            if isinstance(error, ContextWindowOverflowError)
+            else type(error).__name__
+            if isinstance(error, Exception)
+            else "DeadlineExceededError"
+            if stop == "parent_deadline"
+            else "cancelled"
+        )
+        if ("Child", wanted) not in runs:
+            problems.append(f"metrics: the sub-agent's run recorded as {runs}, not {wanted}")
+    return problems
+
+
+def problems(
+    case: Mapping[str, Any], spans: Spans, histograms: Histograms | None = None
+) -> list[str]:
     """What the case broke of the invariants (module docstring)."""
     before = len(spans.all())
+    if histograms is not None:
+        histograms.read()
     world, outcome = converse(case)
+    if histograms is not None:
+        found_metrics = _metric_problems(case, world, histograms.read())
+    else:
+        found_metrics = []
     found = _outcome_problems(case, world, outcome)
     found += _log_problems(case, world, outcome)
     if spans.still_open:
@@ -820,5 +903,6 @@ def problems(case: Mapping[str, Any], spans: Spans) -> list[str]:
     if case["parent_mode"] == "stream":
         found += _event_problems(world, outcome)
     found += _hook_problems(case, world)
+    found += found_metrics
     found += _next_runs_problems(case, world)
     return found
