@@ -117,7 +117,7 @@ SEED = 20261207
 WINDOW = 1_200
 STALL = 1_000.0
 """A stall's seconds: far past every stop."""
-GRACE = 0.25
+GRACE = 0.1
 
 
 def allowed(case: Mapping[str, Any]) -> bool:
@@ -486,7 +486,7 @@ def make_world(case: Mapping[str, Any]) -> World:
         child_store = StallingPlain(stall_at)
     world = World(case, rng, parent, child, InMemorySessionStore(), child_store)
     if case["parent_mode"] == "run_sync":  # real seconds: a stall's stop, past a retry's wait
-        world.stop_after = 0.3 if fault in STALLS else 3.0
+        world.stop_after = 0.1 if fault in STALLS else 3.0
     return world
 
 

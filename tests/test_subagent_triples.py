@@ -4,7 +4,7 @@ holding the invariants its docstring lists."""
 
 from __future__ import annotations
 
-from tests.conftest import Spans
+from tests.conftest import Histograms, Spans
 from tests.subagent_triples import DIMENSIONS, allowed, cases, problems, wanted_triples
 
 CASES = cases()
@@ -27,8 +27,8 @@ def _names() -> list[tuple[str, ...]]:
     return list(itertools.combinations(sorted(DIMENSIONS), 3))
 
 
-def test_every_case_keeps_the_invariants(spans: Spans) -> None:
-    found = {number: problems(case, spans) for number, case in enumerate(CASES)}
+def test_every_case_keeps_the_invariants(spans: Spans, histograms: Histograms) -> None:
+    found = {number: problems(case, spans, histograms) for number, case in enumerate(CASES)}
     broken = {number: found[number] for number in found if found[number]}
     assert not broken, "\n".join(
         f"{number} {CASES[number]}:\n  " + "\n  ".join(lines) for number, lines in broken.items()
