@@ -101,6 +101,7 @@ DIMENSIONS: dict[str, tuple[Any, ...]] = {
         "retry_long",
         "overflow",
         "misfit",
+        "slow",
     ),
     "stop": (
         "none",
@@ -133,6 +134,8 @@ def allowed(case: Mapping[str, Any]) -> bool:
         return False
     if fault == "misfit" and case.get("child_output") == "text":
         return False
+    if fault == "slow" and "run_sync" in (mode, case.get("child_mode")):
+        return False  # real seconds
     if mode == "run_sync" and (stop == "caller_cancel" or fault == "retry_long"):
         return False
     if stop == "consumer_leaves" and mode not in (None, "stream"):
@@ -233,6 +236,8 @@ class Director:
     script: Callable[[int, ModelRequest], ModelResponse]
     stall_summary: bool = False
     stall_chat: bool = False
+    slow: random.Random | None = None
+    """Draws the virtual seconds each call takes (``fault="slow"``)."""
     overflows: int = 0
     """How many chat calls to refuse as over the window first."""
     rate_limits: list[float] = field(factory=list)
@@ -246,6 +251,8 @@ class Director:
 
     async def __call__(self, request: ModelRequest) -> ModelResponse:
         self.requests += request_problems(request.messages)
+        if self.slow is not None:
+            await anyio.sleep(self.slow.uniform(0.5, 3.0))
         if request.purpose == "context_compaction":
             self.summaries.append(request)
             if self.stall_summary:
@@ -308,9 +315,10 @@ def child_script(output: str, misfit: bool) -> Callable[[int, ModelRequest], Mod
 class StallingStore(InMemorySessionStore):
     """An in-memory store whose ``stall_at``-th append (from 0) stalls."""
 
-    def __init__(self, stall_at: int | None = None) -> None:
+    def __init__(self, stall_at: int | None = None, slow: random.Random | None = None) -> None:
         super().__init__()
         self.stall_at = stall_at
+        self.slow = slow
         self.appends = 0
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
@@ -318,15 +326,18 @@ class StallingStore(InMemorySessionStore):
         self.appends += 1
         if number == self.stall_at:
             await anyio.sleep(STALL)
+        if self.slow is not None:
+            await anyio.sleep(self.slow.uniform(0.1, 2.0))
         await super().append(session_id, messages)
 
 
 class StallingPlain(PlainStore):
     """``PlainStore`` whose ``stall_at``-th append stalls."""
 
-    def __init__(self, stall_at: int | None = None) -> None:
+    def __init__(self, stall_at: int | None = None, slow: random.Random | None = None) -> None:
         super().__init__()
         self.stall_at = stall_at
+        self.slow = slow
         self.appends = 0
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
@@ -334,6 +345,8 @@ class StallingPlain(PlainStore):
         self.appends += 1
         if number == self.stall_at:
             await anyio.sleep(STALL)
+        if self.slow is not None:
+            await anyio.sleep(self.slow.uniform(0.1, 2.0))
         await super().append(session_id, messages)
 
 
@@ -475,16 +488,20 @@ def make_world(case: Mapping[str, Any]) -> World:
     elif fault == "overflow":
         child.overflows = 1
     parent = Director("parent", parent_script)
+    slow = random.Random(rng.random()) if fault == "slow" else None
+    child.slow = parent.slow = slow
     # the question's write, a compaction record's or the answer's (a write past the run's
     # writes never stalls: the sub-agent then ends as if none did)
     writes = 3 if case["child_context"] == "summaries" else 2
     stall_at = rng.randrange(writes) if fault == "write_stall" else None
     child_store: SessionStore | None = None
     if case["child_session"] == "memory":
-        child_store = StallingStore(stall_at)
+        child_store = StallingStore(stall_at, slow)
     elif case["child_session"] == "plain":
-        child_store = StallingPlain(stall_at)
-    world = World(case, rng, parent, child, InMemorySessionStore(), child_store)
+        child_store = StallingPlain(stall_at, slow)
+    world = World(case, rng, parent, child, StallingStore(None, slow), child_store)
+    if slow is not None:  # a stop anywhere in the runs
+        world.stop_after = rng.uniform(0.5, 20.0)
     if case["parent_mode"] == "run_sync":  # real seconds: a stall's stop, past a retry's wait
         world.stop_after = 0.1 if fault in STALLS else 3.0
     return world
@@ -561,11 +578,27 @@ def converse(case: Mapping[str, Any]) -> tuple[World, Outcome]:
     return world, outcome
 
 
+def expected_ends(case: Mapping[str, Any]) -> set[str]:
+    """How the parent's run may end: ``answer``, ``deadline`` or ``cancelled`` (a stop at
+    a random time may come once the run is over)."""
+    end = expected_end(case)
+    late = case["fault"] == "slow" and case["stop"] != "consumer_leaves"
+    return {end, "answer"} if late else {end}
+
+
+def observed_end(outcome: Outcome) -> str:
+    if isinstance(outcome.error, DeadlineExceededError):
+        return "deadline"
+    return "cancelled" if outcome.cancelled else "answer"
+
+
 def expected_end(case: Mapping[str, Any]) -> str:
     """How the parent's run ends: ``answer``, ``deadline`` or ``cancelled``."""
     fault, stop = case["fault"], case["stop"]
     if stop == "consumer_leaves":
         return "cancelled"
+    if fault == "slow" and stop in ("parent_deadline", "caller_cancel"):
+        return {"parent_deadline": "deadline", "caller_cancel": "cancelled"}[stop]
     if fault not in (*STALLS, "retry_long") or stop in ("child_deadline", "tool_timeout"):
         return "answer"
     return {
@@ -582,7 +615,9 @@ def _delegate_result(log: Sequence[Message]) -> Any:
 
 def _outcome_problems(case: Mapping[str, Any], world: World, outcome: Outcome) -> list[str]:
     problems: list[str] = []
-    end = expected_end(case)
+    end = observed_end(outcome)
+    if end not in expected_ends(case):
+        end = expected_end(case)  # reported below
     error = outcome.error
     if end == "answer":
         if error is not None or outcome.cancelled:
@@ -602,6 +637,7 @@ def _outcome_problems(case: Mapping[str, Any], world: World, outcome: Outcome) -
     if end == "answer" and result is not None:
         stopped = case["fault"] in (*STALLS, "retry_long")
         stopped |= case["fault"] == "overflow" and case["child_context"] == "off"
+        stopped |= case["fault"] == "slow" and not world.child_results
         if stopped != result.is_error:
             problems.append(f"the delegate call's result is {result.content!r}")
         if not stopped:
@@ -754,7 +790,8 @@ def _span_problems(
             problems.append(
                 f"usage: the sub-agent's result says {result.usage}, billed {world.child.usage}"
             )
-    end = expected_end(case)
+    end = observed_end(outcome)
+    cut = child_cut(world)
     expected_parent = {
         "answer": ("UNSET", None),
         "deadline": ("ERROR", "DeadlineExceededError"),
@@ -762,18 +799,18 @@ def _span_problems(
     }[end]
     if _status(parent) != expected_parent:
         problems.append(f"spans: the parent's run ended {_status(parent)}")
-    if end == "deadline":
+    if end == "deadline" and cut:
         for span in (*children, *delegates):
             if _status(span) != ("ERROR", "DeadlineExceededError"):
                 problems.append(f"spans: {span.name} ended {_status(span)}, cut by the deadline")
-    if case["stop"] == "tool_timeout" and case["fault"] in (*STALLS, "retry_long"):
+    if case["stop"] == "tool_timeout" and cut:
         for span in delegates:
             if _status(span) != ("ERROR", "timeout"):
                 problems.append(f"spans: the timed-out delegate call ended {_status(span)}")
         for span in children:
             if _status(span) != ("UNSET", None):
                 problems.append(f"spans: the sub-agent its tool's timeout cut ended {_status(span)}")
-    if case["stop"] == "child_deadline" and case["fault"] in (*STALLS, "retry_long"):
+    if case["stop"] == "child_deadline" and cut:
         for span in (*children, *delegates):
             if _status(span) != ("ERROR", "DeadlineExceededError"):
                 problems.append(f"spans: {span.name} ended {_status(span)}, its own deadline")
@@ -784,15 +821,13 @@ def _cut_problems(case: Mapping[str, Any], who: str, cut: Sequence[ReadableSpan]
     """The ``chat`` spans of calls that never answered (a stall, a rate limit) end as the
     stop says: the deadline that cut them ERROR, a cancellation UNSET."""
     problems = []
-    stop, fault = case["stop"], case["fault"]
+    stop = case["stop"]
     for span in cut:
         status = _status(span)
         if status in (("ERROR", "RateLimitError"), ("ERROR", "context_length_exceeded")):
             continue
         reason = (span.attributes or {}).get("gen_ai.response.finish_reasons")
-        if who == "parent":
-            wanted = ("UNSET", None)
-        elif stop == "parent_deadline" or (stop == "child_deadline" and fault in STALLS):
+        if stop == "parent_deadline" or (stop == "child_deadline" and who == "child"):
             wanted = ("ERROR", "DeadlineExceededError")
         else:
             wanted = ("UNSET", None)
@@ -804,9 +839,9 @@ def _cut_problems(case: Mapping[str, Any], who: str, cut: Sequence[ReadableSpan]
 def _event_problems(world: World, outcome: Outcome) -> list[str]:
     problems: list[str] = []
     events = outcome.events
-    answers = len(world.parent.chats)
+    answers = len(world.parent.chats)  # a stop may cut the last before the run has it
     finished = sum(isinstance(e, ModelCallFinished) for e in events)
-    if finished != answers:
+    if finished != answers and outcome.result is not None:
         problems.append(f"events: {finished} ModelCallFinished for {answers} parent answers")
     if any(isinstance(e, ModelCallRetried) for e in events):
         problems.append("events: a ModelCallRetried in the parent's stream (it never retried)")
@@ -838,8 +873,16 @@ def _hook_problems(case: Mapping[str, Any], world: World) -> list[str]:
     return problems
 
 
+def child_cut(world: World) -> bool:
+    """Whether a stop (a deadline, a cancellation) ended the sub-agent's run."""
+    return any(
+        isinstance(e, DeadlineExceededError) or not isinstance(e, Exception)
+        for e in world.child_errors
+    )
+
+
 def _metric_problems(
-    case: Mapping[str, Any], world: World, points: Mapping[str, Sequence[Any]]
+    case: Mapping[str, Any], world: World, outcome: Outcome, points: Mapping[str, Sequence[Any]]
 ) -> list[str]:
     """The token metric counts each model's billing once; each run's duration point has
     the error type its span has (``cancelled`` for a cancellation)."""
@@ -861,12 +904,11 @@ def _metric_problems(
         for point in points.get("gen_ai.invoke_agent.duration", ())
         for a in [dict(point.attributes or {})]
     }
-    end = expected_end(case)
+    end = observed_end(outcome)
     wanted_parent = {"answer": None, "deadline": "DeadlineExceededError", "cancelled": "cancelled"}
     if ("Parent", wanted_parent[end]) not in runs:
         problems.append(f"metrics: the parent's run recorded as {runs}")
-    stopped = case["fault"] in (*STALLS, "retry_long") or case["stop"] == "consumer_leaves"
-    if stopped and world.child_errors:
+    if child_cut(world) or (case["fault"] == "overflow" and world.child_errors):
         stop = case["stop"]
         error = world.child_errors[0]
         wanted = (
@@ -892,7 +934,7 @@ def problems(
         histograms.read()
     world, outcome = converse(case)
     if histograms is not None:
-        found_metrics = _metric_problems(case, world, histograms.read())
+        found_metrics = _metric_problems(case, world, outcome, histograms.read())
     else:
         found_metrics = []
     found = _outcome_problems(case, world, outcome)
