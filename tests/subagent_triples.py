@@ -50,7 +50,6 @@ import anyio.to_thread
 import attrs
 from attrs import define, field, frozen
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import StatusCode
 
 from littleghost import (
     Agent,
@@ -244,7 +243,7 @@ class Director:
     """The ``retry_after`` of each rate limit to raise before the first chat answer."""
     chats: list[ModelRequest] = field(factory=list)
     summaries: list[ModelRequest] = field(factory=list)
-    usage: Usage = Usage()
+    usage: Usage = field(factory=Usage)
     """What it billed (answered calls only: a stalled or refused call reports nothing)."""
     requests: list[str] = field(factory=list)
     """Every request's problems as a provider would find them."""
@@ -423,7 +422,9 @@ async def _run_child(world: World, task: str) -> Any:
         options["timeout"] = world.stop_after
     try:
         if case["child_mode"] == "run_sync":
-            result = await anyio.to_thread.run_sync(functools.partial(agent.run_sync, task, **options))
+            result = await anyio.to_thread.run_sync(
+                functools.partial(agent.run_sync, task, **options)
+            )
         elif case["child_mode"] == "run":
             result = await agent.run(task, **options)
         else:
@@ -627,8 +628,8 @@ def _outcome_problems(case: Mapping[str, Any], world: World, outcome: Outcome) -
     elif end == "deadline":
         if not isinstance(error, DeadlineExceededError):
             problems.append(f"raised {error!r} (cancelled: {outcome.cancelled}), not its deadline")
-        elif error.run_usage != world.parent.usage:  # type: ignore[attr-defined]
-            problems.append(f"run_usage {error.run_usage} for {world.parent.usage} billed")  # type: ignore[attr-defined]
+        elif error.run_usage != world.parent.usage:
+            problems.append(f"run_usage {error.run_usage} for {world.parent.usage} billed")
         elif case["fault"] == "retry_long" and not isinstance(error.__cause__, RateLimitError):
             problems.append(f"the refused retry wait's cause is {error.__cause__!r}")
     elif error is not None or not outcome.cancelled:
@@ -676,6 +677,10 @@ def _log_problems(case: Mapping[str, Any], world: World, outcome: Outcome) -> li
     return problems
 
 
+def _plain_answer(text: str, step: int, request: ModelRequest) -> ModelResponse:
+    return ModelResponse(Message.assistant(text), StopReason.END_TURN)
+
+
 def _next_runs_problems(case: Mapping[str, Any], world: World) -> list[str]:
     """A fault-free next run of each session answers every call left open."""
     problems = []
@@ -690,9 +695,7 @@ def _next_runs_problems(case: Mapping[str, Any], world: World) -> list[str]:
             if who == "child" and case["child_output"] != "text"
             else "Fine."
         )
-        plain = Director(who, lambda step, request, answer=answer: ModelResponse(
-            Message.assistant(answer), StopReason.END_TURN
-        ))
+        plain = Director(who, functools.partial(_plain_answer, answer))
         members: dict[str, Any] = {"max_retries": 0}
         if who == "child" and case["child_output"] != "text":
             members.update(output_type=Ticket, output_strategy="native")
@@ -701,7 +704,7 @@ def _next_runs_problems(case: Mapping[str, Any], world: World) -> list[str]:
         cls = cls if options is None else manage_context(**options)(cls)
         agent = cls(model=plain.model(), session_store=store)
 
-        async def again(agent: Agent = agent) -> Any:
+        async def again(agent: Agent = agent, session: str = session) -> Any:
             return await agent.run("And now?", session_id=session)
 
         try:
@@ -725,6 +728,12 @@ def run_of(span: ReadableSpan, by_id: Mapping[int, ReadableSpan]) -> ReadableSpa
     return parent
 
 
+def _input_tokens(span: ReadableSpan) -> int:
+    tokens = (span.attributes or {}).get("gen_ai.usage.input_tokens", 0)
+    assert isinstance(tokens, int)
+    return tokens
+
+
 def _status(span: ReadableSpan) -> tuple[str, Any]:
     return span.status.status_code.name, (span.attributes or {}).get("error.type")
 
@@ -744,16 +753,23 @@ def _span_problems(
         problems.append(f"spans: {len(children)} sub-agent runs, {len(delegates)} delegate calls")
     for child in children:
         above = by_id.get(child.parent.span_id) if child.parent else None
-        if above is None or above.name != "execute_tool delegate" or run_of(above, by_id) is not parent:
+        if (
+            above is None
+            or above.name != "execute_tool delegate"
+            or run_of(above, by_id) is not parent
+        ):
             problems.append("spans: the sub-agent's run is not under the parent's delegate call")
-    for who, director, runs in (("parent", world.parent, [parent]), ("child", world.child, children)):
+    for who, director, runs in (
+        ("parent", world.parent, [parent]),
+        ("child", world.child, children),
+    ):
         chats = [s for s in spans if s.name == f"chat {who}-model"]
         wrong = [s for s in chats if run_of(s, by_id) not in runs]
         if wrong:
             problems.append(f"spans: {len(wrong)} chat spans of the {who} under another run")
         for run in runs:
             tokens = (run.attributes or {}).get("gen_ai.usage.input_tokens", 0)
-            mine = sum((s.attributes or {}).get("gen_ai.usage.input_tokens", 0) for s in chats)
+            mine = sum(_input_tokens(s) for s in chats)
             if tokens != director.usage.input_tokens or mine != tokens:
                 problems.append(
                     f"spans: the {who}'s run says {tokens} input tokens, its chat spans "
@@ -778,7 +794,9 @@ def _span_problems(
                         f"spans: {len(completed)} compactions traced on the {who}'s run "
                         f"for {len(records)} records"
                     )
-        stalled = [s for s in chats if (s.attributes or {}).get("gen_ai.usage.input_tokens") is None]
+        stalled = [
+            s for s in chats if (s.attributes or {}).get("gen_ai.usage.input_tokens") is None
+        ]
         problems += _cut_problems(case, who, stalled)
     if outcome.result is not None and outcome.result.usage != world.parent.usage:
         problems.append(
@@ -809,7 +827,9 @@ def _span_problems(
                 problems.append(f"spans: the timed-out delegate call ended {_status(span)}")
         for span in children:
             if _status(span) != ("UNSET", None):
-                problems.append(f"spans: the sub-agent its tool's timeout cut ended {_status(span)}")
+                problems.append(
+                    f"spans: the sub-agent its tool's timeout cut ended {_status(span)}"
+                )
     if case["stop"] == "child_deadline" and cut:
         for span in (*children, *delegates):
             if _status(span) != ("ERROR", "DeadlineExceededError"):
@@ -827,10 +847,8 @@ def _cut_problems(case: Mapping[str, Any], who: str, cut: Sequence[ReadableSpan]
         if status in (("ERROR", "RateLimitError"), ("ERROR", "context_length_exceeded")):
             continue
         reason = (span.attributes or {}).get("gen_ai.response.finish_reasons")
-        if stop == "parent_deadline" or (stop == "child_deadline" and who == "child"):
-            wanted = ("ERROR", "DeadlineExceededError")
-        else:
-            wanted = ("UNSET", None)
+        deadline = stop == "parent_deadline" or (stop == "child_deadline" and who == "child")
+        wanted = ("ERROR", "DeadlineExceededError") if deadline else ("UNSET", None)
         if status != wanted or reason != ("error",):
             problems.append(f"spans: a cut chat span of the {who} ended {status} ({reason})")
     return problems
@@ -847,7 +865,9 @@ def _event_problems(world: World, outcome: Outcome) -> list[str]:
         problems.append("events: a ModelCallRetried in the parent's stream (it never retried)")
     compactions = sum(isinstance(e, CompactionFinished) for e in events)
     if compactions > len(world.parent.summaries) + 1:
-        problems.append(f"events: {compactions} compactions for the parent's {world.parent.summaries}")
+        problems.append(
+            f"events: {compactions} compactions for the parent's {world.parent.summaries}"
+        )
     if outcome.result is not None:
         usage = Usage()
         for event in events:

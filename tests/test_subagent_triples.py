@@ -4,6 +4,8 @@ holding the invariants its docstring lists."""
 
 from __future__ import annotations
 
+import itertools
+
 from tests.conftest import Histograms, Spans
 from tests.subagent_triples import DIMENSIONS, allowed, cases, problems, wanted_triples
 
@@ -11,19 +13,13 @@ CASES = cases()
 
 
 def test_the_cases_hold_every_allowed_triple() -> None:
-    held = {
-        tuple((name, case[name]) for name in names)
-        for case in CASES
-        for names in _names()
-    }
+    held = {tuple((name, case[name]) for name in names) for case in CASES for names in _names()}
     assert wanted_triples() <= held
     assert all(allowed(case) for case in CASES)
     assert {"asyncio", "trio"} == {case["backend"] for case in CASES}
 
 
 def _names() -> list[tuple[str, ...]]:
-    import itertools
-
     return list(itertools.combinations(sorted(DIMENSIONS), 3))
 
 
