@@ -49,7 +49,8 @@ from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.local import SERVER_ENV, LocalModel, default_model_path
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import StreamDone, TextChunk
-from littleghost.testing import ScriptedModel, text_response
+from littleghost.sessions import InMemorySessionStore
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
 from tests._local_server import (
     local_model_or_skip,
     running_servers,
@@ -57,6 +58,7 @@ from tests._local_server import (
 )
 from tests.ci import missing
 from tests.conftest import Spans
+from tests.faults import log_problems, unanswered
 from tests.threads import in_threads
 
 from .timing import LATE
@@ -2228,3 +2230,81 @@ async def test_a_dense_question_close_to_the_window_is_answered_after_an_uncalib
     assert [bool(s.attributes.get("error.type")) for s in chats] == [True, False]
     counted = chats[-1].attributes["littleghost.compaction.counted_prompt_tokens"]
     assert counted == chats[-1].attributes["gen_ai.usage.input_tokens"] <= room  # exact
+
+
+class _Watched:
+    """The real model, answering as it does, that tells when a summary call starts."""
+
+    def __init__(self, inner: LocalModel) -> None:
+        self.inner = inner
+        self.summarizing = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def respond(self, request: ModelRequest) -> Any:
+        if request.purpose == "context_compaction":
+            self.summarizing.set()
+        return await self.inner.respond(request)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_cancellation_during_a_sub_agent_s_real_summary_call(
+    local: LocalModel, spans: Spans
+) -> None:
+    """A parent's tool runs a sub-agent with ``@manage_context`` and a session over the
+    threshold of the 512-token window; the caller cancels the parent while the sub-agent's
+    summary call is on the server: the cancellation leaves the parent as itself, every
+    span ends under its own run, both sessions stay valid, and the server serves on."""
+    store, parent_store = InMemorySessionStore(), InMemorySessionStore()
+    await store.append("child", history(10))
+    watched = _Watched(local)
+
+    class Lead(Agent):
+        cleanup_grace = 0.5
+
+        @tool
+        async def delegate(self, task: str) -> str:
+            """Hand a task to the note keeper."""
+            agent = Notes(model=watched, session_store=store)  # type: ignore[arg-type]
+            return (await agent.run(task, session_id="child")).output
+
+    parent_model = ScriptedModel(
+        [tool_call_response("delegate", {"task": note(10)}, input_tokens=40), text_response("-")],
+        name="lead-model",
+    )
+    lead = Lead(model=parent_model, session_store=parent_store)
+    async with anyio.create_task_group() as group:
+        with anyio.CancelScope() as scope:
+
+            async def cancel_mid_summary() -> None:
+                await watched.summarizing.wait()
+                await anyio.sleep(0.3)
+                scope.cancel()
+
+            group.start_soon(cancel_mid_summary)
+            await lead.run("Pass the note on.", session_id="lead")
+    assert scope.cancelled_caught
+    assert not spans.still_open
+    by_id = {s.context.span_id: s for s in spans.all() if s.context is not None}
+    (child_run,) = spans.named("invoke_agent Notes")
+    (lead_run,) = spans.named("invoke_agent Lead")
+    assert child_run.parent is not None
+    assert by_id[child_run.parent.span_id].name == "execute_tool delegate"
+    (summary,) = [s for s in spans.named("chat") if s.attributes["littleghost.purpose"] != "chat"]
+    assert summary.parent is not None and by_id[summary.parent.span_id] is child_run
+    assert summary.status.status_code.name == "UNSET"  # a cancellation is no failure
+    outcomes = [e.attributes["littleghost.compaction.outcome"] for e in child_run.events]
+    assert outcomes == ["cancelled"]
+    assert not [e for e in lead_run.events if e.name == "littleghost.context.compaction"]
+    assert lead_run.attributes["gen_ai.usage.input_tokens"] == 40  # the sub-agent's not in it
+    for log in (await store.load("child"), await parent_store.load("lead")):
+        assert log_problems(log) == []
+    assert not any(message.is_summary for message in await store.load("child"))
+    followup = ScriptedModel([text_response("Fine.")])
+    await Lead(model=followup, session_store=parent_store).run("And now?", session_id="lead")
+    assert unanswered(await parent_store.load("lead")) == []
+    answer = await local.respond(
+        ModelRequest([Message.user("Say hi.")], settings={**SETTINGS, "max_tokens": 4})
+    )
+    assert answer.message.text
