@@ -3,23 +3,27 @@ tool runs another agent (an agent used as a tool), as a team's workflow agent do
 
 ``DIMENSIONS`` are what the two agents combine: how the parent runs (``run()``,
 ``stream()``, ``run_sync()``) and how its tool runs the sub-agent (``run()``,
-``stream()``); ``@manage_context`` on the parent and on the sub-agent (summaries, a
-bounded view); the sub-agent's typed output (native or ``final_result``), its session
-(none, in memory, a custom store), hooks on both agents; a fault in the sub-agent (its
-summary call, its session write or its model call stalls, its model rate-limits it for a
-short or a long wait); and a stop (the parent's deadline, the caller's cancel scope, the
-sub-agent's own deadline, the tool's ``timeout``). ``cases()`` draws, seeded, a set of
-cases holding every allowed triple of values of three dimensions.
+``stream()``, ``run_sync()`` in a worker thread); ``@manage_context`` on the parent and
+on the sub-agent (summaries, a bounded view); the sub-agent's typed output (native or
+``final_result``), its session (none, in memory, a custom store), hooks on both agents;
+a fault in the sub-agent (its summary call, its session write or its model call stalls,
+its model rate-limits it for a short or a long wait, refuses a request as over the
+window, answers a misfit first, or every call and write of both agents takes a random
+time); and a stop (the parent's deadline, the caller's cancel scope, the parent's stream
+consumer leaving while the sub-agent works, the sub-agent's own deadline, the tool's
+``timeout``). ``cases()`` draws, seeded, a set of cases holding every allowed triple of
+values of three dimensions; each runs on a virtual clock (``run_sync()`` on the real one,
+with stops of 0.1 s).
 
 Both agents keep sessions with a long stored history, so each compacts as it starts
 (the sub-agent's summary call is where a stall or a stop lands). ``problems(case)``
 lists what broke of the invariants:
 
 - what escaped is what the stop documents: the parent's ``DeadlineExceededError`` (its
-  own deadline, the provider error as cause when a retry wait was refused), nothing but
-  the caller's cancellation (caught by its scope, never replaced), or the parent's answer
-  (the sub-agent's deadline, a tool's timeout and a refused retry wait are the tool's
-  error result);
+  own deadline, the provider error as cause when a retry wait that would pass it was
+  refused), nothing but the caller's cancellation (caught by its scope, never replaced),
+  or the parent's answer (the sub-agent's deadline, a tool's timeout and an overflow the
+  sub-agent cannot recover from are the tool's error result);
 - every log whole: the parent's and the sub-agent's stored logs valid (no id twice, no
   result before its call, records cover what is before them), every call answered once
   after a fault-free next run of each session, each run's messages the start of its
@@ -30,9 +34,12 @@ lists what broke of the invariants:
   compaction's span event on the run that compacted; each ``invoke_agent`` span's input
   tokens what its own model billed (the sub-agent's usage never in the parent's), and the
   parent's ``result.usage`` (or its ``DeadlineExceededError``'s ``run_usage``) too;
-  the statuses the stop documents;
+  the statuses the stop documents, a cut call's ``chat`` span's too;
+- metrics: each model's input tokens counted once, each run's duration point with the
+  error type (or ``cancelled``) its stop documents;
 - the parent's ``stream()`` events are its own: one ``ModelCallFinished`` per parent
-  answer, its compactions alone, no sub-agent retry, usages adding up to the result's;
+  answer, the compactions its run traced, no sub-agent retry, usages adding up to the
+  result's;
 - the hooks of each agent saw the requests of its own model alone.
 """
 
@@ -76,7 +83,7 @@ from littleghost.events import (
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.sessions import InMemorySessionStore, SessionStore
-from littleghost.telemetry import COMPACTION_EVENT, COMPACTION_OUTCOME
+from littleghost.telemetry import COMPACTION_EVENT, COMPACTION_OUTCOME, COMPACTION_REASON
 from littleghost.testing import ScriptedModel
 from tests.clocks import virtual
 from tests.conftest import Histograms, Spans
@@ -854,7 +861,7 @@ def _cut_problems(case: Mapping[str, Any], who: str, cut: Sequence[ReadableSpan]
     return problems
 
 
-def _event_problems(world: World, outcome: Outcome) -> list[str]:
+def _event_problems(world: World, outcome: Outcome, spans: Sequence[ReadableSpan]) -> list[str]:
     problems: list[str] = []
     events = outcome.events
     answers = len(world.parent.chats)  # a stop may cut the last before the run has it
@@ -863,11 +870,18 @@ def _event_problems(world: World, outcome: Outcome) -> list[str]:
         problems.append(f"events: {finished} ModelCallFinished for {answers} parent answers")
     if any(isinstance(e, ModelCallRetried) for e in events):
         problems.append("events: a ModelCallRetried in the parent's stream (it never retried)")
-    compactions = sum(isinstance(e, CompactionFinished) for e in events)
-    if compactions > len(world.parent.summaries) + 1:
-        problems.append(
-            f"events: {compactions} compactions for the parent's {world.parent.summaries}"
-        )
+    reported = [(e.reason, e.outcome) for e in events if isinstance(e, CompactionFinished)]
+    traced = [
+        (a.get(COMPACTION_REASON), a.get(COMPACTION_OUTCOME))
+        for span in spans
+        if span.name == "invoke_agent Parent"
+        for event in span.events
+        if event.name == COMPACTION_EVENT
+        for a in [dict(event.attributes or {})]
+        if a.get(COMPACTION_OUTCOME) != "skipped"
+    ]
+    if reported != traced and outcome.result is not None:
+        problems.append(f"events: compactions {reported}, the parent's run traced {traced}")
     if outcome.result is not None:
         usage = Usage()
         for event in events:
@@ -963,7 +977,7 @@ def problems(
         found.append(f"spans: {len(spans.still_open)} left open")
     found += _span_problems(case, world, outcome, spans.all()[before:])
     if case["parent_mode"] == "stream":
-        found += _event_problems(world, outcome)
+        found += _event_problems(world, outcome, spans.all()[before:])
     found += _hook_problems(case, world)
     found += found_metrics
     found += _next_runs_problems(case, world)
