@@ -318,8 +318,9 @@ def child_script(output: str, misfit: bool) -> Callable[[int, ModelRequest], Mod
     return answer
 
 
-class StallingStore(InMemorySessionStore):
-    """An in-memory store whose ``stall_at``-th append (from 0) stalls."""
+class Stalling:
+    """A store mixin: the ``stall_at``-th append (from 0) stalls; with ``slow``, every
+    append takes a random while."""
 
     def __init__(self, stall_at: int | None = None, slow: random.Random | None = None) -> None:
         super().__init__()
@@ -334,26 +335,15 @@ class StallingStore(InMemorySessionStore):
             await anyio.sleep(STALL)
         if self.slow is not None:
             await anyio.sleep(self.slow.uniform(0.1, 2.0))
-        await super().append(session_id, messages)
+        await super().append(session_id, messages)  # type: ignore[misc]
 
 
-class StallingPlain(PlainStore):
-    """``PlainStore`` whose ``stall_at``-th append stalls."""
+class StallingStore(Stalling, InMemorySessionStore):
+    """An in-memory store that stalls."""
 
-    def __init__(self, stall_at: int | None = None, slow: random.Random | None = None) -> None:
-        super().__init__()
-        self.stall_at = stall_at
-        self.slow = slow
-        self.appends = 0
 
-    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
-        number = self.appends
-        self.appends += 1
-        if number == self.stall_at:
-            await anyio.sleep(STALL)
-        if self.slow is not None:
-            await anyio.sleep(self.slow.uniform(0.1, 2.0))
-        await super().append(session_id, messages)
+class StallingPlain(Stalling, PlainStore):
+    """``PlainStore`` that stalls."""
 
 
 @define
@@ -519,7 +509,7 @@ async def _seed(world: World) -> None:
     await world.parent_store.append(PARENT_SESSION, history("parent"))
     if world.child_store is not None:
         await world.child_store.append(CHILD_SESSION, history("child"))
-        if isinstance(world.child_store, (StallingStore, StallingPlain)):
+        if isinstance(world.child_store, Stalling):
             world.child_store.appends = 0
 
 
