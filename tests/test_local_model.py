@@ -2279,7 +2279,7 @@ async def test_a_cancellation_during_a_sub_agent_s_real_summary_call(
 
             async def cancel_mid_summary() -> None:
                 await watched.summarizing.wait()
-                await anyio.sleep(0.3)
+                await anyio.sleep(0.05)  # sent, far from answered
                 scope.cancel()
 
             group.start_soon(cancel_mid_summary)
