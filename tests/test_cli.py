@@ -1818,8 +1818,9 @@ class TestErrors:
             assert (
                 line == "Error: Invalid value for 'ID': session_id must be a non-empty str, not ''"
             )
-        line = fails(2, "sessions", "show", "x" * 300, "--store", url)
-        assert "Invalid value for 'ID': session_id is 300 characters long" in line
+        # an id longer than a session is written under names one an earlier version wrote
+        line = fails(1, "sessions", "show", "x" * 300, "--store", url)
+        assert line.startswith("Error: no session 'xxx")
 
     def test_a_window_past_any_model_s_is_a_wrong_option(self, tmp_path: Path) -> None:
         """``--window`` of more tokens than a float holds was a traceback

@@ -291,9 +291,10 @@ store_option = click.option(
 
 
 def _session_id(context: click.Context, parameter: click.Parameter, value: str) -> str:
-    """``ID``, if a store can hold such a session id."""
+    """``ID``, if it can name a stored session (a longer id than a session is written
+    under too: an earlier littleghost stored some)."""
     try:
-        return check_session_id(value)
+        return check_session_id(value, stored=True)
     except (TypeError, LittleGhostError) as error:
         raise click.BadParameter(str(error)) from None
 

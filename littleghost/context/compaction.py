@@ -24,7 +24,7 @@ from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import CompactionError, ConfigurationError, UnknownSessionError
 from littleghost.log_rules import check_history, check_stored
 from littleghost.messages import Message
-from littleghost.sessions.base import SessionStore, check_store, distinct_ids
+from littleghost.sessions.base import SessionStore, check_session_id, check_store, distinct_ids
 from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
 
@@ -175,6 +175,8 @@ async def compact_session(
         ConfigurationError: Not a session store, bad keywords (as
             ``compaction_records``), or a stored log a run of the session refuses
             (``check_stored``).
+        TypeError, UnstorableValueError: ``session_id`` is one no session is written to
+            (as ``run()`` refuses it), before any summary call.
         SessionBusyError: Called from inside a run of the same session.
         UnknownSessionError: The store has no such session.
         CompactionError: The records would not make the view smaller (``check_smaller``);
@@ -184,6 +186,7 @@ async def compact_session(
             (nothing is appended).
     """
     check_store("compact_session: store", store)
+    session_id = check_session_id(session_id)  # written to: before any summary call
     counter, settings = _checked("compact_session", strategy, tokenizer, settings)
     stop = anyio.current_effective_deadline()
     grace = Grace(DEFAULT_GRACE, None if math.isinf(stop) else stop)

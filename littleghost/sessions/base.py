@@ -227,21 +227,23 @@ class SessionStore(Protocol):
         ...
 
 
-def check_session_id(session_id: object) -> str:
+def check_session_id(session_id: object, *, stored: bool = False) -> str:
     """Return ``session_id`` as a plain ``str`` (a subclass's value, as a database keeps
-    it) if a store can keep it.
+    it) if a store can keep it; with ``stored``, if it can name a stored session (to read,
+    hold or delete it) of any length, as earlier littleghost versions stored some.
 
     Raises:
         TypeError: It is not a non-empty str.
-        UnstorableValueError: It is longer than ``MAX_SESSION_ID_LENGTH``, holds a NUL
-            character or cannot be encoded as UTF-8.
+        UnstorableValueError: It is longer than ``MAX_SESSION_ID_LENGTH`` (unless
+            ``stored``), holds a NUL character or cannot be encoded as UTF-8.
     """
     if not isinstance(session_id, str) or not session_id:
         raise TypeError(f"session_id must be a non-empty str, not {safe_repr(session_id)}")
-    if len(session_id) > MAX_SESSION_ID_LENGTH:
+    if not stored and len(session_id) > MAX_SESSION_ID_LENGTH:
         raise UnstorableValueError(
-            f"session_id is {len(session_id)} characters long; the longest is "
-            f"{MAX_SESSION_ID_LENGTH}"
+            f"session_id is {len(session_id)} characters long; the longest written to is "
+            f"{MAX_SESSION_ID_LENGTH} (a session an earlier littleghost stored under a "
+            "longer id can be read, exported and deleted, not continued)"
         )
     if "\x00" in session_id:
         raise UnstorableValueError("session_id must not contain NUL characters")

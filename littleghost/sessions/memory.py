@@ -63,7 +63,7 @@ class InMemorySessionStore:
         log (fewer at its end), each with the time it was appended, and the log's length
         then (0 for an unknown session)."""
         start, limit = check_page(start, limit)
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         await checkpoint()
         with self._guard:
             log = self._sessions.get(session_id, [])
@@ -88,7 +88,7 @@ class InMemorySessionStore:
         return await decoded_off_loop(decode)
 
     async def _entries(self, session_id: str) -> tuple[tuple[str, datetime], ...]:
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         await checkpoint()
         with self._guard:
             entries = tuple(self._sessions.get(session_id, ()))
@@ -154,7 +154,7 @@ class InMemorySessionStore:
         Raises:
             UnknownSessionError: There is no such session.
         """
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         await checkpoint()
         try:
             with self._guard:
@@ -167,7 +167,7 @@ class InMemorySessionStore:
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively (in this process) while the context is open."""
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         return self._locks.hold(session_id)
 
     async def __aenter__(self) -> InMemorySessionStore:

@@ -782,7 +782,7 @@ class PostgresSessionStore:
     ) -> tuple[list[StoredMessage], int]:
         """The session's log (or its ``page``: ``start``, ``limit``) and its length, its
         times read by ``when``, in one statement (one snapshot)."""
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         start, stop = page_bounds(page)
         locks = await self._prepared()
         async with locks.writing(session_id):  # a holder's read is not older than its writes
@@ -906,7 +906,7 @@ class PostgresSessionStore:
         Raises:
             UnknownSessionError: There is no such session.
         """
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         self._check_writable()
 
         def remove(connection: psycopg.Connection[Any], operation: _Operation) -> None:
@@ -934,7 +934,7 @@ class PostgresSessionStore:
         Runs of this process queue on an in-process lock first, so each waiting session
         costs at most one connection per process.
         """
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         self._check_writable()
         return self._hold(session_id)
 

@@ -525,7 +525,7 @@ class SQLiteSessionStore:
     ) -> tuple[list[StoredMessage], int]:
         """The session's log (or its ``page``: ``start``, ``limit``) and its length, its
         times read by ``when``, in one statement (one snapshot)."""
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         start, stop = page_bounds(page)
         async with self._locks.writing(session_id):  # a holder's read is not older than its writes
             rows = await self._call(
@@ -653,7 +653,7 @@ class SQLiteSessionStore:
         Raises:
             UnknownSessionError: There is no such session.
         """
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         self._check_writable()
 
         def remove(connection: sqlite3.Connection) -> None:
@@ -693,7 +693,7 @@ class SQLiteSessionStore:
             SessionStoreError: The store cannot be written (saying why, as its other calls
                 do), or the lock file cannot be opened or locked.
         """
-        session_id = check_session_id(session_id)
+        session_id = check_session_id(session_id, stored=True)
         self._check_writable()
         return self._hold(session_id)
 
