@@ -12,7 +12,7 @@ import pytest
 
 from littleghost import Agent
 from littleghost.context import Summarization, compact_session
-from littleghost.errors import UnstorableValueError
+from littleghost.errors import CorruptSessionStoreError, UnstorableValueError
 from littleghost.sessions import SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response
 
@@ -88,3 +88,55 @@ class TestLongSessionIds:
             assert len(await store.load(long)) == 2
             await store.delete(long)
             assert await store.list_sessions() == ()
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """A dict nesting ``levels`` dicts in all."""
+    value: dict[str, Any] = {"order_id": "42"}
+    for _ in range(levels - 1):
+        value = {"k": value}
+    return value
+
+
+class TestDeepValues:
+    """Versions before 2026-12-01 stored tool-call arguments and metadata nested deeper
+    than ``MAX_DEPTH`` (100) levels; such a session could not be read at all."""
+
+    async def test_deeper_arguments_are_read_as_their_text(self, tmp_path: Path) -> None:
+        arguments = nested(150)
+        call = {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": arguments}
+        result = {"type": "tool_result", "call_id": "c1", "content": "shipped", "is_error": False}
+        first_store(
+            tmp_path / "old.db",
+            {
+                "s": [
+                    text("user", "Where is order 42?", "u1"),
+                    {"id": "a1", "role": "assistant", "content": [call], "metadata": {}},
+                    {"id": "t1", "role": "tool", "content": [result], "metadata": {}},
+                    text("assistant", "Shipped.", "a2"),
+                ]
+            },
+        )
+        async with SQLiteSessionStore(tmp_path / "old.db") as store:
+            log = await store.load("s")
+            (stored,) = log[1].tool_calls
+            # as a call made now holds arguments nested so deep: their whole text
+            assert isinstance(stored.arguments, str)
+            assert json.loads(stored.arguments) == arguments
+            model = ScriptedModel([text_response("7 shipped too.")])
+            result_ = await Support(model=model, session_store=store).run("And 7?", session_id="s")
+            assert result_.output == "7 shipped too."
+            assert [m.id for m in model.requests[0].messages[1:5]] == ["u1", "a1", "t1", "a2"]
+            assert len(await store.load("s")) == 6
+
+    async def test_deeper_metadata_is_refused_naming_the_cause(self, tmp_path: Path) -> None:
+        message = text("user", "Where is order 42?", "u1")
+        first_store(tmp_path / "old.db", {"s": [{**message, "metadata": {"trace": nested(150)}}]})
+        async with SQLiteSessionStore(tmp_path / "old.db") as store:
+            with pytest.raises(CorruptSessionStoreError) as caught:
+                await store.load("s")
+        assert str(caught.value).endswith(
+            "message at position 0: a stored message cannot be read: its 'metadata' is "
+            "nested more than 100 levels deep (versions before 2026-12-01 stored such "
+            "values; none reads them since)"
+        )

@@ -116,20 +116,26 @@ class _Corrupt(Exception):
     """A stored message has a wrong field or shape; the text says which, never its value."""
 
 
-def _decode_value(value: Any, where: str, depth: int = 0) -> Any:
+def _decode_value(value: Any, where: str, depth: int | None = 0) -> Any:
+    """``value`` as ``_encode_value`` had it; nested at most ``MAX_DEPTH`` levels deep,
+    unless ``depth`` is ``None`` (any depth Python reads without a ``RecursionError``)."""
     if not isinstance(value, (list, dict)):
         return value
-    if depth >= MAX_DEPTH:
-        raise _Corrupt(f"{where} is nested more than {MAX_DEPTH} levels deep")
+    if depth is not None and depth >= MAX_DEPTH:
+        raise _Corrupt(
+            f"{where} is nested more than {MAX_DEPTH} levels deep (versions before "
+            "2026-12-01 stored such values; none reads them since)"
+        )
+    inner = None if depth is None else depth + 1
     if isinstance(value, list):
-        return [_decode_value(item, where, depth + 1) for item in value]
+        return [_decode_value(item, where, inner) for item in value]
     if len(value) == 1 and _TUPLE in value and isinstance(value[_TUPLE], list):
-        return tuple(_decode_value(item, where, depth + 1) for item in value[_TUPLE])
+        return tuple(_decode_value(item, where, inner) for item in value[_TUPLE])
     if len(value) == 1 and _DICT in value and isinstance(value[_DICT], dict):
-        return {key: _decode_value(item, where, depth + 1) for key, item in value[_DICT].items()}
+        return {key: _decode_value(item, where, inner) for key, item in value[_DICT].items()}
     if any(key.startswith("$") for key in value):
         raise _Corrupt(f"{where} holds an object with an unknown $ tag")
-    return {key: _decode_value(item, where, depth + 1) for key, item in value.items()}
+    return {key: _decode_value(item, where, inner) for key, item in value.items()}
 
 
 def _encode_part(part: Part, where: str) -> dict[str, Any]:
@@ -230,8 +236,8 @@ def _decode_part(data: Any, where: str) -> Part:
             return ImagePart(payload, data["url"], data["media_type"])
         if kind == "tool_call":
             arguments = data["arguments"]
-            if not isinstance(arguments, str):
-                arguments = _decode_value(arguments, f"{where} (tool_call) 'arguments'")
+            if not isinstance(arguments, str):  # deeper than MAX_DEPTH: ToolCall's text
+                arguments = _decode_value(arguments, f"{where} (tool_call) 'arguments'", None)
             return ToolCall(data["id"], data["name"], arguments)
         if kind == "reasoning":
             return ReasoningPart(
