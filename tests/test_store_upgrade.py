@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from littleghost import Agent
+from littleghost import Agent, Message
 from littleghost.context import Summarization, compact_session
-from littleghost.errors import CorruptSessionStoreError, UnstorableValueError
+from littleghost.errors import CorruptSessionStoreError, SessionStoreError, UnstorableValueError
 from littleghost.sessions import SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response
 
@@ -140,3 +140,44 @@ class TestDeepValues:
             "nested more than 100 levels deep (versions before 2026-12-01 stored such "
             "values; none reads them since)"
         )
+
+
+class TestNewerTables:
+    """Tables of a newer littleghost (or changed by hand) that kept schema_version 1."""
+
+    async def test_a_constraint_the_writes_do_not_meet_is_named(self, tmp_path: Path) -> None:
+        connection = sqlite3.connect(tmp_path / "newer.db", isolation_level=None)
+        for statement in (
+            *FIRST_TABLES[:2],
+            "CREATE TABLE littleghost_messages (session_id TEXT NOT NULL, position INTEGER NOT"
+            " NULL, body TEXT NOT NULL, stored_at REAL, digest BLOB NOT NULL,"
+            " PRIMARY KEY (session_id, position)) WITHOUT ROWID",
+            FIRST_TABLES[3],
+        ):
+            connection.execute(statement)
+        connection.close()
+        model = ScriptedModel([text_response("never asked")])
+        async with SQLiteSessionStore(tmp_path / "newer.db") as store:
+            with pytest.raises(SessionStoreError) as caught:
+                await Support(model=model, session_store=store).run("Hi", session_id="s")
+            assert await store.list_sessions() == ()
+        # it said the session's length disagreed with its messages, some stored past it
+        assert type(caught.value) is SessionStoreError
+        assert str(caught.value).endswith(
+            "session 's': its tables have a constraint this littleghost's writes do not meet "
+            "(NOT NULL constraint failed: littleghost_messages.digest): tables of a newer "
+            "littleghost that kept schema_version 1, or changed by hand; nothing was written"
+        )
+        assert model.requests == []
+
+    async def test_a_message_stored_past_the_length_is_still_damage(self, tmp_path: Path) -> None:
+        first_store(tmp_path / "old.db", {"s": [text("user", "Hi", "u1")]})
+        connection = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+        connection.execute(
+            "INSERT INTO littleghost_messages VALUES ('s', 1, ?)",
+            (json.dumps(text("assistant", "Hello", "a1")),),
+        )
+        connection.close()
+        async with SQLiteSessionStore(tmp_path / "old.db") as store:
+            with pytest.raises(CorruptSessionStoreError, match="some are stored past it"):
+                await store.append("s", [Message.user("Again")])

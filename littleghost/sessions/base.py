@@ -54,6 +54,7 @@ __all__ = [
     "page_bounds",
     "read_log",
     "thread_limiter",
+    "unmet_constraint",
 ]
 
 logger = logs.logger("littleghost.sessions")
@@ -394,6 +395,18 @@ def length_error(where: str, session_id: str, length: int) -> CorruptSessionStor
     return CorruptSessionStoreError(
         f"{where}, session {session_id!r}: its recorded length ({length}) disagrees with its "
         "messages (some are stored past it); nothing was written",
+        session_id=session_id,
+    )
+
+
+def unmet_constraint(where: str, session_id: str, constraint: str) -> SessionStoreError:
+    """The error for an append refused by a constraint of the store's tables that this
+    littleghost's tables do not have (the database's text, ``constraint``, names it and
+    its column, never a value), nothing written."""
+    return SessionStoreError(
+        f"{where}, session {session_id!r}: its tables have a constraint this littleghost's "
+        f"writes do not meet ({constraint}): tables of a newer littleghost that kept "
+        f"schema_version {SCHEMA_VERSION}, or changed by hand; nothing was written",
         session_id=session_id,
     )
 

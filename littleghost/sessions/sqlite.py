@@ -46,6 +46,7 @@ from littleghost.sessions.base import (
     page_bounds,
     read_log,
     thread_limiter,
+    unmet_constraint,
 )
 from littleghost.sessions.codec import (
     SUMMARY_FLAG,
@@ -574,18 +575,18 @@ class SQLiteSessionStore:
                 start = 0 if row is None else int(row[0])
                 if seen is not None and (start != seen or (start and row[1] != last)):
                     raise changed_under_holder(self._where, session_id, seen, start)
-                if row is None:
-                    connection.execute(
-                        "INSERT INTO littleghost_sessions (id, length) VALUES (?, ?)",
-                        (session_id, len(bodies)),
-                    )
-                else:
-                    connection.execute(
-                        "UPDATE littleghost_sessions SET length = ? WHERE id = ?",
-                        (start + len(bodies), session_id),
-                    )
                 rows = [(session_id, start + index, body) for index, body in enumerate(bodies)]
                 try:
+                    if row is None:
+                        connection.execute(
+                            "INSERT INTO littleghost_sessions (id, length) VALUES (?, ?)",
+                            (session_id, len(bodies)),
+                        )
+                    else:
+                        connection.execute(
+                            "UPDATE littleghost_sessions SET length = ? WHERE id = ?",
+                            (start + len(bodies), session_id),
+                        )
                     if self._stored_at == "NULL":  # a table made before messages had times
                         connection.executemany(
                             "INSERT INTO littleghost_messages (session_id, position, body)"
@@ -600,7 +601,14 @@ class SQLiteSessionStore:
                             [(*row, now) for row in rows],
                         )
                 except sqlite3.IntegrityError as error:
-                    raise length_error(self._where, session_id, start) from error
+                    past = connection.execute(
+                        "SELECT 1 FROM littleghost_messages WHERE session_id = ?"
+                        " AND position >= ? LIMIT 1",
+                        (session_id, start),
+                    ).fetchone()
+                    if past is not None:
+                        raise length_error(self._where, session_id, start) from error
+                    raise unmet_constraint(self._where, session_id, str(error)) from None
                 return start + len(bodies)
 
             length = await self._call(
