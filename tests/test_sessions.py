@@ -251,7 +251,8 @@ class TestCodec:
             (
                 '{"id": "m", "role": "assistant", "content": [{"type": "tool_call", "id": "c",'
                 ' "name": "f", "arguments": {"a": {"$S3CRET": 1}}}], "metadata": {}}',
-                "content[0] (tool_call) 'arguments' holds an object with an unknown $ tag",
+                "content[0] (tool_call) 'arguments' holds an object with a $ tag this "
+                "littleghost does not know",
             ),
             (
                 '{"id": "m", "role": "tool", "content": [{"type": "tool_result", "call_id": "c",'

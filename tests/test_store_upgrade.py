@@ -181,3 +181,28 @@ class TestNewerTables:
         async with SQLiteSessionStore(tmp_path / "old.db") as store:
             with pytest.raises(CorruptSessionStoreError, match="some are stored past it"):
                 await store.append("s", [Message.user("Again")])
+
+    @pytest.mark.parametrize(
+        ("field", "value", "named"),
+        [
+            ("role", "critic", "its 'role' is one"),
+            (
+                "metadata",
+                {"trace": {"$set": [1, 2]}},
+                "its 'metadata' holds an object with a $ tag",
+            ),
+        ],
+    )
+    async def test_a_name_not_known_may_be_a_newer_littleghost_s(
+        self, tmp_path: Path, field: str, value: object, named: str
+    ) -> None:
+        """A role or a ``$`` tag this littleghost does not know (as a newer one might
+        write) says so, as an unknown part type does; it said only that it was unknown."""
+        first_store(tmp_path / "newer.db", {"s": [{**text("user", "Hi", "u1"), field: value}]})
+        async with SQLiteSessionStore(tmp_path / "newer.db") as store:
+            with pytest.raises(CorruptSessionStoreError) as caught:
+                await store.load("s")
+        assert str(caught.value).endswith(
+            f"{named} this littleghost does not know: written by a newer littleghost "
+            "(upgrade littleghost to read it), or damaged"
+        )

@@ -116,6 +116,11 @@ class _Corrupt(Exception):
     """A stored message has a wrong field or shape; the text says which, never its value."""
 
 
+_NEWER = "written by a newer littleghost (upgrade littleghost to read it), or damaged"
+"""Why a stored message holds a name this littleghost does not know (a part type, a role,
+a ``$`` tag): no message says which littleghost wrote it."""
+
+
 def _decode_value(value: Any, where: str, depth: int | None = 0) -> Any:
     """``value`` as ``_encode_value`` had it; nested at most ``MAX_DEPTH`` levels deep,
     unless ``depth`` is ``None`` (any depth Python reads without a ``RecursionError``)."""
@@ -134,7 +139,9 @@ def _decode_value(value: Any, where: str, depth: int | None = 0) -> Any:
     if len(value) == 1 and _DICT in value and isinstance(value[_DICT], dict):
         return {key: _decode_value(item, where, inner) for key, item in value[_DICT].items()}
     if any(key.startswith("$") for key in value):
-        raise _Corrupt(f"{where} holds an object with an unknown $ tag")
+        raise _Corrupt(
+            f"{where} holds an object with a $ tag this littleghost does not know: {_NEWER}"
+        )
     return {key: _decode_value(item, where, inner) for key, item in value.items()}
 
 
@@ -213,11 +220,8 @@ def _decode_part(data: Any, where: str) -> Part:
     if not isinstance(kind, str):
         raise _Corrupt(f"{where} has no part type")
     fields = _PART_FIELDS.get(kind)
-    if fields is None:  # a part type added later, or damage: no message says its writer
-        raise _Corrupt(
-            f"{where} has a part type this littleghost does not know: written by a newer "
-            "littleghost (upgrade littleghost to read it), or damaged"
-        )
+    if fields is None:
+        raise _Corrupt(f"{where} has a part type this littleghost does not know: {_NEWER}")
     for name in fields:
         if name not in data:
             raise _Corrupt(f"{where} ({kind}) has no {name!r} field")
@@ -274,10 +278,12 @@ def _decode_message(data: Any) -> Message:
             raise _Corrupt(f"it has no {name!r} field")
     if not isinstance(data["id"], str):
         raise _Corrupt("its 'id' is not a string")
+    if not isinstance(data["role"], str):
+        raise _Corrupt("its 'role' is not a string")
     try:
         role = Role(data["role"])
-    except (TypeError, ValueError):
-        raise _Corrupt("its 'role' is not a known role") from None
+    except ValueError:
+        raise _Corrupt(f"its 'role' is one this littleghost does not know: {_NEWER}") from None
     metadata = _decode_value(data["metadata"], "its 'metadata'")
     if not isinstance(metadata, dict):
         raise _Corrupt("its 'metadata' is not an object")
