@@ -181,6 +181,35 @@ class TestSchema:
         ]
         assert stats == (SessionStats("s", 2, 0, None),)
 
+    async def test_a_session_an_earlier_version_stored_under_a_longer_id_is_read(
+        self, conninfo: str
+    ) -> None:
+        """Versions before 2026-12-01 took ids over 256 characters: such a session was
+        listed, then refused by every call."""
+        long = "tenant-" + "x" * 300
+        body = '{"id": "u1", "role": "user", "content": [{"type": "text", "text": "Hi"}], '
+        body += '"metadata": {}}'
+        for statement in (
+            "CREATE TABLE littleghost_meta (key text PRIMARY KEY, value text NOT NULL)",
+            "CREATE TABLE littleghost_sessions (id text PRIMARY KEY, length bigint NOT NULL,"
+            " created bigint GENERATED ALWAYS AS IDENTITY)",
+            "CREATE TABLE littleghost_messages (session_id text NOT NULL, position bigint "
+            "NOT NULL, body text NOT NULL, PRIMARY KEY (session_id, position))",
+            "INSERT INTO littleghost_meta VALUES ('format', 'littleghost.sessions'), "
+            "('schema_version', '1')",
+            f"INSERT INTO littleghost_sessions (id, length) VALUES ('{long}', 1)",
+            f"INSERT INTO littleghost_messages VALUES ('{long}', 0, '{body}')",
+        ):
+            await sql(conninfo, statement)
+        async with PostgresSessionStore(conninfo) as store:
+            assert [m.text for m in await store.load(long)] == ["Hi"]
+            async with store.lock(long):
+                pass
+            with pytest.raises(UnstorableValueError, match="not continued"):
+                await store.append(long, [Message.assistant("Hello")])
+            await store.delete(long)
+            assert await store.list_sessions() == ()
+
     async def test_a_newer_schema_is_refused_and_left_untouched(self, conninfo: str) -> None:
         async with PostgresSessionStore(conninfo) as store:
             await store.append("s", [Message.user("kept")])
