@@ -137,8 +137,8 @@ class TestDeepValues:
                 await store.load("s")
         assert str(caught.value).endswith(
             "message at position 0: a stored message cannot be read: its 'metadata' is "
-            "nested more than 100 levels deep (versions before 2026-12-01 stored such "
-            "values; none reads them since)"
+            "nested more than 100 levels deep (littleghost before 2026-12-01 stored such "
+            "values; this one reads no deeper)"
         )
 
 

@@ -128,8 +128,8 @@ def _decode_value(value: Any, where: str, depth: int | None = 0) -> Any:
         return value
     if depth is not None and depth >= MAX_DEPTH:
         raise _Corrupt(
-            f"{where} is nested more than {MAX_DEPTH} levels deep (versions before "
-            "2026-12-01 stored such values; none reads them since)"
+            f"{where} is nested more than {MAX_DEPTH} levels deep (littleghost before "
+            "2026-12-01 stored such values; this one reads no deeper)"
         )
     inner = None if depth is None else depth + 1
     if isinstance(value, list):
