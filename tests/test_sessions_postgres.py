@@ -126,6 +126,18 @@ class Noter(Agent):
         return f"noted {text}"
 
 
+FIRST_TABLES = (
+    "CREATE TABLE littleghost_meta (key text PRIMARY KEY, value text NOT NULL)",
+    "CREATE TABLE littleghost_sessions (id text PRIMARY KEY, length bigint NOT NULL,"
+    " created bigint GENERATED ALWAYS AS IDENTITY)",
+    "CREATE TABLE littleghost_messages (session_id text NOT NULL, position bigint "
+    "NOT NULL, body text NOT NULL, PRIMARY KEY (session_id, position))",
+    "INSERT INTO littleghost_meta VALUES ('format', 'littleghost.sessions'), "
+    "('schema_version', '1')",
+)
+"""The tables of the first stores (2026-11-30), before messages had times."""
+
+
 class TestSchema:
     async def test_tables_are_made_on_first_use_with_a_version(self, conninfo: str) -> None:
         async with PostgresSessionStore(conninfo) as store:
@@ -161,15 +173,7 @@ class TestSchema:
             assert await store.list_sessions() == ()
 
     async def test_tables_made_before_stored_times_load_without_times(self, conninfo: str) -> None:
-        for statement in (
-            "CREATE TABLE littleghost_meta (key text PRIMARY KEY, value text NOT NULL)",
-            "CREATE TABLE littleghost_sessions (id text PRIMARY KEY, length bigint NOT NULL,"
-            " created bigint GENERATED ALWAYS AS IDENTITY)",
-            "CREATE TABLE littleghost_messages (session_id text NOT NULL, position bigint "
-            "NOT NULL, body text NOT NULL, PRIMARY KEY (session_id, position))",
-            "INSERT INTO littleghost_meta VALUES ('format', 'littleghost.sessions'), "
-            "('schema_version', '1')",
-        ):
+        for statement in FIRST_TABLES:
             await sql(conninfo, statement)
         async with PostgresSessionStore(conninfo) as store:
             await store.append("s", [Message.user("old"), Message.assistant("times")])
@@ -190,13 +194,7 @@ class TestSchema:
         body = '{"id": "u1", "role": "user", "content": [{"type": "text", "text": "Hi"}], '
         body += '"metadata": {}}'
         for statement in (
-            "CREATE TABLE littleghost_meta (key text PRIMARY KEY, value text NOT NULL)",
-            "CREATE TABLE littleghost_sessions (id text PRIMARY KEY, length bigint NOT NULL,"
-            " created bigint GENERATED ALWAYS AS IDENTITY)",
-            "CREATE TABLE littleghost_messages (session_id text NOT NULL, position bigint "
-            "NOT NULL, body text NOT NULL, PRIMARY KEY (session_id, position))",
-            "INSERT INTO littleghost_meta VALUES ('format', 'littleghost.sessions'), "
-            "('schema_version', '1')",
+            *FIRST_TABLES,
             f"INSERT INTO littleghost_sessions (id, length) VALUES ('{long}', 1)",
             f"INSERT INTO littleghost_messages VALUES ('{long}', 0, '{body}')",
         ):
