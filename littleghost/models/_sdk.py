@@ -78,6 +78,7 @@ __all__ = [
     "check_model_name",
     "check_url_user",
     "client_at",
+    "client_credentials",
     "error_mapper",
     "image_base64",
     "image_media_type",
@@ -686,6 +687,71 @@ def _hide_keys(message: str, keys: Iterable[str]) -> str:
     return message
 
 
+_CREDENTIAL_NAMES = ("key", "token", "secret", "pass", "auth", "sig", "credential", "cookie")
+"""Words in the name of a query parameter or header that carries a credential (``key``,
+``api-key``, ``access_token``, ``Authorization``, Azure's ``sig``)."""
+
+
+def client_credentials(client: Any) -> tuple[str, ...]:
+    """The credentials an SDK's ``client`` sends: its ``api_key`` and ``auth_token``, its
+    base URL's password (and the Basic auth the HTTP client makes of its user and
+    password), and the values of its query parameters and headers whose name holds one
+    of ``_CREDENTIAL_NAMES`` (each word of a value too: the token after ``Bearer``), in
+    its base URL, its ``default_query`` and ``default_headers``, and its HTTP client's
+    (where ``client_at`` puts a ``base_url``'s query)."""
+    found = [getattr(client, name, None) for name in ("api_key", "auth_token")]
+    url = getattr(client, "base_url", None)
+    password = getattr(url, "password", None)
+    if password:
+        user = f"{getattr(url, 'username', '')}:{password}".encode()
+        found += [password, base64.b64encode(user).decode("ascii")]
+    http = getattr(client, "_client", None)
+    pairs: list[tuple[object, object]] = []
+    for named in (
+        getattr(url, "params", None),
+        getattr(client, "_custom_query", None),
+        getattr(client, "_custom_headers", None),
+        getattr(http, "params", None),
+        getattr(http, "headers", None),
+    ):
+        items = getattr(named, "multi_items", None) or getattr(named, "items", None)
+        if callable(items):  # None, or a client of another shape: nothing
+            pairs += list(items())
+    for name, value in pairs:
+        if isinstance(value, str) and any(word in str(name).lower() for word in _CREDENTIAL_NAMES):
+            found += [value, *value.split()]
+    return tuple(dict.fromkeys(key for key in found if isinstance(key, str)))
+
+
+def _hide_in_chain(error: BaseException, keys: list[str]) -> None:
+    """Hide ``keys`` (``_hide_keys``), and the user, password and query of the URLs
+    (``_without_credentials``), in the text of ``error`` and of every exception it was
+    raised from or during (an SDK's ``message`` too): the HTTP library's names the
+    request's URL, the SDK's quotes what the server sent."""
+    pending: list[BaseException | None] = [error]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        pending += [current.__cause__, current.__context__]
+        current.args = tuple(
+            _hidden_text(arg, keys) if isinstance(arg, str) else arg for arg in current.args
+        )
+        message = getattr(current, "message", None)
+        if isinstance(message, str):
+            try:
+                current.message = _hidden_text(message, keys)  # type: ignore[attr-defined]
+            except AttributeError:  # a read-only message: its args are what is shown
+                pass
+
+
+def _hidden_text(text: str, keys: list[str]) -> str:
+    """``text`` with ``keys`` hidden and its URLs without user, password or query."""
+    return _URL.sub(lambda url: str(_without_credentials(url[0])), _hide_keys(text, keys))
+
+
 def error_mapper(
     sdk: Any,
     base: type[Exception],
@@ -700,10 +766,13 @@ def error_mapper(
         base: The SDK's base exception (``openai.OpenAIError``): any other of its
             subclasses becomes a plain ``ProviderError``.
         provider: The provider name the errors carry.
-        keys: The credentials the client sends, read as an error comes (a key provider
-            the SDK awaits sets them before each request): a server that quotes one back
-            (in a 401, an error event) has it replaced by ``[redacted]`` in the message of
-            the ``ProviderError`` given, and of one raised as it is (a stream's error event).
+        keys: The credentials the client sends (``client_credentials``), read as an
+            error comes (a key provider the SDK awaits sets them before each request): a
+            server that quotes one back (in a 401, an error event) has it replaced by
+            ``[redacted]`` in the message of the ``ProviderError`` given, of one raised
+            as it is (a stream's error event), and of the exceptions each was raised
+            from or during (``_hide_in_chain``: the SDK's, the HTTP library's), whose
+            URLs also lose their user, password and query.
 
     Returns:
         A function that gives ``None`` for an exception that is neither the SDK's, nor a
@@ -712,20 +781,17 @@ def error_mapper(
         Python reads (a ``ProviderError``, not retried): it is re-raised as it is.
     """
 
-    def without_keys(error: ProviderError) -> ProviderError:
-        if error.args and isinstance(error.args[0], str):
-            hidden = [k for k in keys() if isinstance(k, str) and len(k) >= SHORTEST_HIDDEN]
-            error.args = (_hide_keys(error.args[0], hidden), *error.args[1:])
-        return error
-
     classify = _classifier(sdk, base, provider)
 
     def map_error(error: Exception) -> ProviderError | None:
+        hidden = [key for key in keys() if isinstance(key, str) and len(key) >= SHORTEST_HIDDEN]
+        _hide_in_chain(error, hidden)  # the cause of the error given, or re-raised as is
         if isinstance(error, ProviderError):  # raised by the adapter itself: goes on as is
-            without_keys(error)
             return None
         mapped = classify(error)
-        return None if mapped is None else without_keys(mapped)
+        if mapped is not None:
+            _hide_in_chain(mapped, hidden)
+        return mapped
 
     return map_error
 

@@ -53,6 +53,7 @@ from littleghost.models._sdk import (
     check_request_timeout,
     check_url_user,
     client_at,
+    client_credentials,
     error_mapper,
     import_sdk,
     index_of,
@@ -662,7 +663,7 @@ class AnthropicModel:
             self._sdk,
             self._sdk.AnthropicError,
             self.provider,
-            keys=lambda: (client.api_key, client.auth_token),
+            keys=lambda: client_credentials(client),
         )
         self._counting = CountAsking(
             f"{self.provider}: the server of {model!r}", "/v1/messages/count_tokens"

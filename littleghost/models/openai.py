@@ -47,6 +47,7 @@ from littleghost.models._sdk import (
     check_request_timeout,
     check_url_user,
     client_at,
+    client_credentials,
     error_mapper,
     image_base64,
     image_media_type,
@@ -603,7 +604,7 @@ class OpenAIModel:
         )
         """The ways the server may count prompt tokens, each with whether it is still asked."""
         self._error = error_mapper(
-            self._sdk, self._sdk.OpenAIError, self.provider, keys=lambda: (client.api_key,)
+            self._sdk, self._sdk.OpenAIError, self.provider, keys=lambda: client_credentials(client)
         )
 
     @staticmethod
