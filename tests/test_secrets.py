@@ -32,6 +32,7 @@ from littleghost import Agent
 from littleghost.errors import ConfigurationError
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
+from littleghost.sessions import PostgresSessionStore
 from tests.raw_http import Connection, RawServer, refused_url
 
 if TYPE_CHECKING:
@@ -255,6 +256,53 @@ async def test_no_credential_of_a_model_surfaces_when_its_calls_fail(
     assert not leaked(texts)
 
 
+def pg_url(password: str = PG_PASSWORD) -> str:
+    port = refused_url().rpartition(":")[2]
+    return f"postgresql://app:{password}@127.0.0.1:{port}/sessions"
+
+
+def pg_conninfo() -> str:
+    port = refused_url().rpartition(":")[2]
+    return f"host=127.0.0.1 port={port} user=app password={PG_PASSWORD} dbname=sessions"
+
+
+STORES = {
+    "url": pg_url,
+    "conninfo": pg_conninfo,
+    "url_password_with_at": lambda: pg_url(f"x@{PG_PASSWORD}"),
+    "url_password_with_slash": lambda: pg_url(f"x/{PG_PASSWORD}"),
+}
+
+
+@pytest.mark.parametrize("dsn", list(STORES.values()), ids=list(STORES))
+async def test_no_password_of_a_store_surfaces_when_it_cannot_connect(
+    spans: Spans, logged: list[str], capfd: pytest.CaptureFixture[str], dsn: Callable[[], str]
+) -> None:
+    """A PostgreSQL store that cannot connect, or refuses its URL as it is made: its
+    error (its causes included), its repr, the run's log records and spans never show
+    the password."""
+    try:
+        store = PostgresSessionStore(dsn(), connect_timeout=2)
+    except ConfigurationError as error:  # a password with a bare "@"
+        assert not leaked(shown(error))
+        return
+    texts = shown(store)
+    model = OpenAIModel("m", base_url=refused_url(), api_key=API_KEY)
+    agent = Support(model=model, session_store=store)
+    try:
+        await agent.run("hello", session_id="s")
+    except Exception as error:
+        texts += shown(error)
+    else:
+        raise AssertionError("the run did not fail")
+    finally:
+        await model.aclose()
+        await store.aclose()
+    printed = capfd.readouterr()
+    texts += [*spans.every_text(), *logged, printed.out, printed.err]
+    assert not leaked(texts)
+
+
 BAD_MODELS: list[Callable[[], object]] = [
     lambda: OpenAIModel("m", base_url=f"http://app:{URL_PASSWORD}@h:99999/v1?key={QUERY_KEY}"),
     lambda: OpenAIModel("m", base_url=f"h:8080/v1?key={QUERY_KEY}", api_key=API_KEY),
@@ -263,6 +311,12 @@ BAD_MODELS: list[Callable[[], object]] = [
     lambda: OpenAIModel("m", base_url="http://h/v1", api_key=f"{API_KEY} é"),
     lambda: AnthropicModel("c", base_url=f"http://app:{URL_PASSWORD}@h/", api_key=API_KEY),
     lambda: AnthropicModel("c", base_url=f"ftp://h/?key={QUERY_KEY}", api_key=API_KEY),
+    lambda: PostgresSessionStore(f"postgresql://app:{PG_PASSWORD}@h/db?bogus=1"),
+    lambda: PostgresSessionStore(f"host=h password={PG_PASSWORD} bogus=1"),
+    lambda: PostgresSessionStore(f"host=h password='{PG_PASSWORD}"),
+    lambda: PostgresSessionStore(f"mysql://app:{PG_PASSWORD}@h/db"),
+    lambda: PostgresSessionStore(f"POSTGRESQL://app:{PG_PASSWORD}@h/db"),
+    lambda: PostgresSessionStore(f"postgresql://app:{PG_PASSWORD}%zz@h/db"),
 ]
 
 

@@ -169,8 +169,9 @@ def check_conninfo(conninfo: object) -> str:
     """``conninfo`` if libpq can take it whole: a str, not empty or blank (libpq's
     defaults: a variable left unset, most likely), without NUL characters (libpq would
     end it at the first one) that UTF-8 can encode (an undecodable byte from the command
-    line cannot be sent) and, with psycopg installed, that libpq can parse. The error
-    never quotes it: it may hold a password.
+    line cannot be sent), a URL without a bare ``@`` in its password (``_bare_at``) and,
+    with psycopg installed, that libpq can parse. The error never quotes it: it may hold
+    a password.
 
     Raises:
         ConfigurationError: It is not such a str.
@@ -197,6 +198,12 @@ def check_conninfo(conninfo: object) -> str:
             f"at {error.start})"
         ) from None
     _check_scheme(conninfo)
+    if _bare_at(conninfo):
+        raise ConfigurationError(
+            "PostgresSessionStore: the connection URL's password holds a bare '@': write "
+            "it as %40 (libpq would take the rest of the password for the host, and look "
+            "it up)"
+        )
     try:
         from psycopg import ProgrammingError
         from psycopg.conninfo import conninfo_to_dict
@@ -205,10 +212,14 @@ def check_conninfo(conninfo: object) -> str:
     try:
         conninfo_to_dict(conninfo)
     except ProgrammingError as error:
-        sqlite = "; an SQLite file goes to SQLiteSessionStore(path)"
-        hint = sqlite if conninfo[:7].lower() == "sqlite:" else ""
-        raise ConfigurationError(f"PostgresSessionStore: {_unparsable(error)}{hint}") from None
-    return conninfo
+        unparsable = _unparsable(error)
+    else:
+        return conninfo
+    # raised here, out of the except block, so that libpq's error, which quotes the part
+    # it could not parse, is not even its suppressed __context__
+    sqlite = "; an SQLite file goes to SQLiteSessionStore(path)"
+    hint = sqlite if conninfo[:7].lower() == "sqlite:" else ""
+    raise ConfigurationError(f"PostgresSessionStore: {unparsable}{hint}")
 
 
 def _check_scheme(conninfo: str) -> None:
@@ -244,7 +255,8 @@ def _malformed(error: Exception) -> SessionStoreError:
 
 def _bare_at(conninfo: str) -> bool:
     """Whether a URL's password holds a bare ``@``: libpq ends the password at the first
-    one and takes the rest for the host, which its errors quote."""
+    one and takes the rest for the host, which it looks up (a DNS query) and its errors
+    and psycopg's DEBUG logs quote."""
     _, scheme, rest = conninfo.partition("://")
     password = rest.split("/", 1)[0].rpartition("@")[0].partition(":")[2]
     return bool(scheme) and "@" in password
@@ -1089,10 +1101,6 @@ class PostgresSessionStore:
             return work()
         except self._psycopg.Error as error:
             failed = f"PostgreSQL session store failed: {type(error).__name__}"
-            if _bare_at(self._conninfo):  # libpq quotes the password's tail as the host
-                raise SessionStoreError(
-                    f"{failed} (the connection URL's password holds a bare '@': write it as %40)"
-                ) from None
             raise SessionStoreError(f"{failed}: {_first_line(error)}") from error
 
     async def _prepared(self) -> SessionLocks:
