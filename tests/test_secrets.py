@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 import anthropic
 import openai
 import pytest
+from click.testing import CliRunner
 
 from littleghost import Agent
+from littleghost.cli import main
 from littleghost.errors import ConfigurationError
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
@@ -300,6 +302,36 @@ async def test_no_password_of_a_store_surfaces_when_it_cannot_connect(
         await store.aclose()
     printed = capfd.readouterr()
     texts += [*spans.every_text(), *logged, printed.out, printed.err]
+    assert not leaked(texts)
+
+
+def cli_cases() -> Iterator[list[str]]:
+    for dsn in STORES.values():
+        yield ["sessions", "list", "--store", dsn()]
+        yield ["sessions", "show", "s", "--store", dsn()]
+    yield ["sessions", "list", "--store", *pg_conninfo().split()]  # left unquoted
+    yield ["sessions", "show", "s", "--store", *pg_conninfo().split(), "--json"]
+    yield ["sessions", "list", "--store", f"mysql://app:{PG_PASSWORD}@db/app"]
+    yield ["sessions", "list", "--store", f"POSTGRESQL://app:{PG_PASSWORD}@db/app"]
+    yield ["sessions", "list", "--store", f"host=db password={PG_PASSWORD} bogus=1"]
+    yield ["sessions", "lsit", "--store", pg_url()]
+    yield ["--store", pg_url(), "sessions", "list"]
+    yield ["sessions", "list", "--help"]
+
+
+def test_the_command_line_never_shows_a_store_password(
+    logged: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every command given a PostgreSQL URL or conninfo with a password, right or wrong
+    (a conninfo left unquoted, a misspelled command, an unknown scheme), and its help
+    with the store in the environment: nothing it prints shows the password."""
+    texts = list(logged)
+    for args in cli_cases():
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code != 0 or args[-1] == "--help", (args, result.output)
+        texts += [result.output, *shown(result.exception or "")]
+    monkeypatch.setenv("LITTLEGHOST_STORE", pg_url())
+    texts += [CliRunner().invoke(main, ["sessions", "show", "--help"]).output, *logged]
     assert not leaked(texts)
 
 

@@ -92,9 +92,38 @@ def _drop_the_rest() -> None:
         os.close(null)
 
 
+class _Command(click.Command):
+    """A command whose error for words it has no place for (a ``--store`` conninfo left
+    unquoted: ``host=db password=...``) shows a ``name=value`` word by its name alone, and
+    no word holding ``@`` or ``://``: such words may hold a password."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.allow_extra_args = True  # told below, not by click's error, which quotes them
+        rest = super().parse_args(ctx, args)
+        if rest and not ctx.resilient_parsing:
+            words = " ".join(map(_unquoted, rest))
+            hint = ""
+            if any("=" in word for word in rest):
+                hint = "; a conninfo is one argument, in quotes: --store 'host=... dbname=...'"
+            ctx.fail(f"Got unexpected extra argument{'s' * (len(rest) > 1)} ({words}){hint}")
+        return rest
+
+
+def _unquoted(word: str) -> str:
+    """An extra word as ``_Command``'s error shows it: ``name=…`` for ``name=value``,
+    ``…`` for one holding ``@`` or ``://``."""
+    if "@" in word or "://" in word:
+        return "…"
+    name, equals, _ = word.partition("=")
+    return f"{name}=…" if equals else word
+
+
 class _Group(click.Group):
     """A command group that says where an option of its commands given before one goes
-    (``littleghost --store X sessions list``): after the command's name."""
+    (``littleghost --store X sessions list``): after the command's name. Its commands
+    are ``_Command``."""
+
+    command_class = _Command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -112,7 +141,7 @@ class _Group(click.Group):
             ) from None
 
 
-class _SessionCommand(click.Command):
+class _SessionCommand(_Command):
     """A command of one session: an ``ID`` that starts with ``-`` (a Telegram group's chat
     id, ``-1001234567890``) is read as options (``No such option '-1'``); the error says
     to write it after ``--``."""
