@@ -199,6 +199,15 @@ def openai_client_headers(url: str, monkeypatch: pytest.MonkeyPatch) -> OpenAIMo
     return OpenAIModel("m", client=client, request_timeout=TIMEOUT)
 
 
+def openai_client_auth(url: str, monkeypatch: pytest.MonkeyPatch) -> OpenAIModel:
+    http = openai.DefaultAsyncHttpxClient(auth=(URL_USER, URL_PASSWORD))
+    client = openai.AsyncOpenAI(
+        max_retries=0, base_url=f"{url}/v1", api_key="unused", http_client=http
+    )
+    _CLIENTS.append(client)
+    return OpenAIModel("m", client=client, request_timeout=TIMEOUT)
+
+
 def anthropic_keyed(url: str, monkeypatch: pytest.MonkeyPatch) -> AnthropicModel:
     return AnthropicModel(
         "claude-x", base_url=f"{url}?key={QUERY_KEY}", api_key=API_KEY, request_timeout=TIMEOUT
@@ -225,6 +234,7 @@ MODELS: list[Callable[[str, pytest.MonkeyPatch], Any]] = [
     openai_from_environment,
     openai_basic_auth,
     openai_client_headers,
+    openai_client_auth,
     anthropic_keyed,
     anthropic_from_environment,
 ]

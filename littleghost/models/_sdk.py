@@ -694,32 +694,57 @@ _CREDENTIAL_NAMES = ("key", "token", "secret", "pass", "auth", "sig", "credentia
 
 def client_credentials(client: Any) -> tuple[str, ...]:
     """The credentials an SDK's ``client`` sends: its ``api_key`` and ``auth_token``, its
-    base URL's password (and the Basic auth the HTTP client makes of its user and
-    password), and the values of its query parameters and headers whose name holds one
-    of ``_CREDENTIAL_NAMES`` (each word of a value too: the token after ``Bearer``), in
-    its base URL, its ``default_query`` and ``default_headers``, and its HTTP client's
-    (where ``client_at`` puts a ``base_url``'s query)."""
-    found = [getattr(client, name, None) for name in ("api_key", "auth_token")]
-    url = getattr(client, "base_url", None)
-    password = getattr(url, "password", None)
-    if password:
-        user = f"{getattr(url, 'username', '')}:{password}".encode()
-        found += [password, base64.b64encode(user).decode("ascii")]
+    HTTP client's Basic auth (``auth=``), and the ``_url_and_named`` ones of its base
+    URL, its ``default_query`` and ``default_headers``, and its HTTP client's (where
+    ``client_at`` puts a ``base_url``'s query)."""
     http = getattr(client, "_client", None)
-    pairs: list[tuple[object, object]] = []
-    for named in (
-        getattr(url, "params", None),
+    basic = getattr(getattr(http, "auth", None), "_auth_header", None)  # httpx's BasicAuth
+    found = [getattr(client, "api_key", None), getattr(client, "auth_token", None), basic]
+    found += basic.split() if isinstance(basic, str) else []
+    named = (
         getattr(client, "_custom_query", None),
         getattr(client, "_custom_headers", None),
         getattr(http, "params", None),
         getattr(http, "headers", None),
-    ):
-        items = getattr(named, "multi_items", None) or getattr(named, "items", None)
-        if callable(items):  # None, or a client of another shape: nothing
-            pairs += list(items())
-    for name, value in pairs:
-        if isinstance(value, str) and any(word in str(name).lower() for word in _CREDENTIAL_NAMES):
-            found += [value, *value.split()]
+    )
+    return _url_and_named(getattr(client, "base_url", None), named, found)
+
+
+def _sent_credentials(error: BaseException) -> tuple[str, ...]:
+    """The ``_url_and_named`` credentials of the requests the exceptions of ``error``'s
+    chain name (what was sent: an HTTP client's own auth, an event hook's header too)."""
+    found: list[str] = []
+    for current in chain(error):
+        try:
+            request = getattr(current, "request", None)
+        except RuntimeError:  # the HTTP library's error without a request
+            continue
+        url = getattr(request, "url", None)
+        found += _url_and_named(url, (getattr(request, "headers", None),))
+    return tuple(found)
+
+
+def _url_and_named(
+    url: object, named: Iterable[object], found: Iterable[object] = ()
+) -> tuple[str, ...]:
+    """``found``, then ``url``'s password (and the Basic auth an HTTP client makes of its
+    user and password), and the values of ``url``'s query parameters and of the
+    ``named`` (headers, parameters) whose name holds one of ``_CREDENTIAL_NAMES`` (each
+    word of a value too: the token after ``Bearer``); each once."""
+    found = list(found)
+    password = getattr(url, "password", None)
+    if password:
+        user = f"{getattr(url, 'username', '')}:{password}".encode()
+        found += [password, base64.b64encode(user).decode("ascii")]
+    for pairs in (getattr(url, "params", None), *named):
+        items = getattr(pairs, "multi_items", None) or getattr(pairs, "items", None)
+        if not callable(items):  # None, or a client of another shape: nothing
+            continue
+        for name, value in items():
+            if isinstance(value, str) and any(
+                word in str(name).lower() for word in _CREDENTIAL_NAMES
+            ):
+                found += [value, *value.split()]
     return tuple(dict.fromkeys(key for key in found if isinstance(key, str)))
 
 
@@ -784,7 +809,8 @@ def error_mapper(
     classify = _classifier(sdk, base, provider)
 
     def map_error(error: Exception) -> ProviderError | None:
-        hidden = [key for key in keys() if isinstance(key, str) and len(key) >= SHORTEST_HIDDEN]
+        given = (*keys(), *_sent_credentials(error))
+        hidden = [key for key in given if isinstance(key, str) and len(key) >= SHORTEST_HIDDEN]
         _hide_in_chain(error, hidden)  # the cause of the error given, or re-raised as is
         if isinstance(error, ProviderError):  # raised by the adapter itself: goes on as is
             return None
