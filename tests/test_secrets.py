@@ -4,11 +4,12 @@ Each credential a deployment hands littleghost carries a canary of its own: API 
 (``api_key=``, ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), keys in a ``base_url``'s query
 (``?key=``, ``?api-key=``, as Gemini- and Azure-style gateways take them), a user and
 password in a ``base_url``, an SDK client's own credential headers (``Authorization``,
-``x-api-key``, ``api-key``), PostgreSQL passwords in a URL or a conninfo. Runs are driven
-against a real server on 127.0.0.1 that fails each way a deployment meets (401, 404, an
-overflow, a gateway's page, silence until the timeout, a port nothing listens on) and
-quotes back everything it was sent, as hostile or careless servers do; stores fail to
-connect; the command line gets those URLs, right and wrong. Nothing that can be shown
+``x-api-key``, ``api-key``) and its HTTP client's Basic auth, PostgreSQL passwords in a
+URL or a conninfo. Runs are driven against a real server on 127.0.0.1 that fails each
+way a deployment meets (401, 404, an overflow, a gateway's page, an error event in a
+stream, silence until the timeout, a port nothing listens on) and quotes back
+everything it was sent, as hostile or careless servers do; stores fail to connect; the
+command line gets those URLs, right and wrong. Nothing that can be shown
 may hold a canary: log records of every logger at DEBUG (littleghost's, the SDKs', the
 HTTP client's), spans and metrics, standard output and error, the command line's
 output, and ``repr()``, ``str()`` and the whole traceback (its causes and contexts
@@ -240,6 +241,15 @@ MODELS: list[Callable[[str, pytest.MonkeyPatch], Any]] = [
 ]
 
 
+async def failed(agent: Agent, **keywords: Any) -> list[str]:
+    """What the error of a run of ``agent``, which must fail, shows."""
+    try:
+        await agent.run("Where is my order?", **keywords)
+    except Exception as error:
+        return shown(error)
+    raise AssertionError("the run did not fail")
+
+
 async def failing_run(
     make: Callable[[str, pytest.MonkeyPatch], Any], failure: str, monkeypatch: pytest.MonkeyPatch
 ) -> list[str]:
@@ -250,18 +260,12 @@ async def failing_run(
     try:
         model = make(url, monkeypatch)
         agent = Support(model=model)
-        texts = shown(model) + shown(agent)
         try:
-            await agent.run("Where is my order?")
-        except Exception as error:
-            texts += shown(error)
-        else:
-            raise AssertionError("the run did not fail")
+            return [*shown(model), *shown(agent), *await failed(agent)]
         finally:
             await model.aclose()
             while _CLIENTS:
                 await _CLIENTS.pop().close()
-        return texts
     finally:
         if echo is not None:
             echo.server.close()
@@ -331,11 +335,7 @@ async def test_no_password_of_a_store_surfaces_when_it_cannot_connect(
     model = OpenAIModel("m", base_url=refused_url(), api_key=API_KEY)
     agent = Support(model=model, session_store=store)
     try:
-        await agent.run("hello", session_id="s")
-    except Exception as error:
-        texts += shown(error)
-    else:
-        raise AssertionError("the run did not fail")
+        texts += await failed(agent, session_id="s")
     finally:
         await model.aclose()
         await store.aclose()
@@ -364,7 +364,7 @@ def test_the_command_line_never_shows_a_store_password(
     """Every command given a PostgreSQL URL or conninfo with a password, right or wrong
     (a conninfo left unquoted, a misspelled command, an unknown scheme), and its help
     with the store in the environment: nothing it prints shows the password."""
-    texts = list(logged)
+    texts = []
     for args in cli_cases():
         result = CliRunner().invoke(main, args)
         assert result.exit_code != 0 or args[-1] == "--help", (args, result.output)
@@ -374,7 +374,7 @@ def test_the_command_line_never_shows_a_store_password(
     assert not leaked(texts)
 
 
-BAD_MODELS: list[Callable[[], object]] = [
+WRONG_DECLARATIONS: list[Callable[[], object]] = [
     lambda: OpenAIModel("m", base_url=f"http://app:{URL_PASSWORD}@h:99999/v1?key={QUERY_KEY}"),
     lambda: OpenAIModel("m", base_url=f"h:8080/v1?key={QUERY_KEY}", api_key=API_KEY),
     lambda: OpenAIModel("m", base_url=f"http://app:{URL_PASSWORD}@h/v1", api_key=API_KEY),
@@ -391,7 +391,7 @@ BAD_MODELS: list[Callable[[], object]] = [
 ]
 
 
-@pytest.mark.parametrize("make", BAD_MODELS, ids=range(len(BAD_MODELS)))
+@pytest.mark.parametrize("make", WRONG_DECLARATIONS, ids=range(len(WRONG_DECLARATIONS)))
 def test_a_wrong_declaration_never_shows_a_credential(
     logged: list[str], make: Callable[[], object]
 ) -> None:
