@@ -47,7 +47,7 @@ from littleghost.context.management import AFTER_KEY, HOOKED_KEY
 from littleghost.context.records import is_record, record_covers
 from littleghost.context.summarize import split_quotes, summary_message, summary_text
 from littleghost.context.tokens import estimate_request
-from littleghost.errors import ConfigurationError, OutputValidationError, SessionStoreError
+from littleghost.errors import ConfigurationError, OutputValidationError
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.sessions import (
     PostgresSessionStore,
