@@ -301,6 +301,28 @@ async def test_no_credential_of_a_model_surfaces_when_its_calls_fail(
     assert not leaked(texts)
 
 
+async def test_the_caller_s_own_exception_is_left_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that fails while its caller handles an exception of its own: what is hidden
+    is hidden in littleghost's, the SDK's and the HTTP library's errors, and the caller's
+    exception, at the end of their chain, keeps its text (a URL's query in it was cut)."""
+    text = "lookup failed at https://example.com/orders?page=2&key=mine"
+    echo = Echo("401")
+    model = openai_keyed(echo.server.url, monkeypatch)
+    try:
+        try:
+            raise LookupError(text)
+        except LookupError as handled:
+            texts = await failed(Support(model=model))
+            assert str(handled) == text
+            assert [line for line in texts if "[redacted]" in line]
+            assert not leaked(texts)
+    finally:
+        await model.aclose()
+        echo.server.close()
+
+
 def pg_url(password: str = PG_PASSWORD) -> str:
     port = refused_url().rpartition(":")[2]
     return f"postgresql://app:{password}@127.0.0.1:{port}/sessions"

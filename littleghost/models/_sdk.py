@@ -748,16 +748,24 @@ def _url_and_named(
     return tuple(dict.fromkeys(key for key in found if isinstance(key, str)))
 
 
+_CHAINED = ("littleghost.", "openai.", "anthropic.", "httpx", "httpcore")
+"""The modules (prefixes: ``httpx2`` too) whose exceptions ``_hide_in_chain`` rewrites."""
+
+
 def _hide_in_chain(error: BaseException, keys: list[str]) -> None:
     """Hide ``keys`` (``_hide_keys``), and the user, password and query of the URLs
     (``_without_credentials``), in the text of ``error`` and of every exception it was
     raised from or during (an SDK's ``message`` too): the HTTP library's names the
-    request's URL, the SDK's quotes what the server sent."""
+    request's URL, the SDK's quotes what the server sent. The chain is followed through
+    littleghost's, the SDKs' and the HTTP libraries' exceptions alone (``_CHAINED``):
+    past them are the caller's (one it was handling as it called), left as they are."""
     pending: list[BaseException | None] = [error]
     seen: set[int] = set()
     while pending:
         current = pending.pop()
         if current is None or id(current) in seen:
+            continue
+        if not f"{type(current).__module__}.".startswith(_CHAINED):
             continue
         seen.add(id(current))
         pending += [current.__cause__, current.__context__]
