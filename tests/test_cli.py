@@ -984,6 +984,33 @@ class TestCompact:
         assert out.startswith("nothing to compact in session 'short'")
         assert contents(url)[2:] == before[2:]
 
+    def test_a_session_under_a_longer_id_is_not_summarized_to_be_refused(
+        self, tmp_path: Path
+    ) -> None:
+        """A session an earlier version stored under an id over 256 characters can be
+        read, not written to: compacting it is refused before the model is asked (its
+        summary was paid for, then the append refused)."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        fill(url)
+        long = "tenant-" + "x" * 300
+        execute(url, f"UPDATE littleghost_sessions SET id = '{long}' WHERE id = 'other'")
+        execute(
+            url, f"UPDATE littleghost_messages SET session_id = '{long}' WHERE session_id = 'other'"
+        )
+        before = contents(url)
+        asked = len(Staffed.model.requests)  # type: ignore[union-attr]
+        dry = ok(
+            "sessions", "compact", long, "--store", url,
+            "--agent", "tests.cli_agents:Staffed", "--dry-run",
+        ).stdout  # fmt: skip
+        assert "dry run: nothing was written and no model was called" in dry
+        line = fails(
+            1, "sessions", "compact", long, "--store", url, "--agent", "tests.cli_agents:Staffed"
+        )
+        assert "read, exported and deleted, not continued" in line
+        assert len(Staffed.model.requests) == asked  # type: ignore[union-attr]
+        assert contents(url) == before
+
     def test_a_run_holding_the_session_ends_first_and_the_wait_is_said(
         self, store_url: str
     ) -> None:

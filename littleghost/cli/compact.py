@@ -26,7 +26,7 @@ from littleghost.log_rules import check_stored
 from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.base import prepare
-from littleghost.sessions.base import distinct_ids
+from littleghost.sessions.base import check_session_id, distinct_ids
 
 __all__ = ["DRY_RUN_SUMMARY", "compact_document", "print_compaction"]
 
@@ -63,6 +63,8 @@ async def compact_document(
     Raises:
         ConfigurationError: The class has no ``@manage_context``, or the stored log is
             one a run of the session refuses (``check_stored``).
+        UnstorableValueError: Not ``dry_run``, and ``session_id`` is one no session is
+            written to (an earlier version's longer id), before any summary call.
         UnknownSessionError: The store has no such session.
         CompactionError: The records would not make the view smaller
             (``check_smaller``; nothing is appended).
@@ -70,6 +72,8 @@ async def compact_document(
     config = context_config(agent)
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
+    if not dry_run:
+        check_session_id(session_id)  # written to: refused before a summary is paid for
     advance(0, "reading the session")
     # read-only first: an unknown session fails before the model starts or the store is
     # opened for writing
