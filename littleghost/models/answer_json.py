@@ -41,11 +41,18 @@ def too_long(error: BaseException) -> bool:
 
 def answer_json(text: str | bytes) -> Any:
     """``text``, a provider's JSON, read; an int too long to read is ``_UNREADABLE``
-    in a usage object (at any depth).
+    in a usage object (at any depth). Read as ``json.loads`` reads it, unless it holds
+    such an int: then read again, each int by a callback (twice the time a stream's
+    events take to read, were every event read so).
 
     Raises:
         ValueError: Python's, for such an int elsewhere; and ``json.loads``'s errors.
     """
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        if not too_long(error):
+            raise
     unread: list[ValueError] = []
 
     def read_int(digits: str) -> object:
