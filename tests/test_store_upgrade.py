@@ -102,8 +102,13 @@ class TestDeepValues:
     """Versions before 2026-12-01 stored tool-call arguments and metadata nested deeper
     than ``MAX_DEPTH`` (100) levels; such a session could not be read at all."""
 
-    async def test_deeper_arguments_are_read_as_their_text(self, tmp_path: Path) -> None:
-        arguments = nested(150)
+    @pytest.mark.parametrize("levels", [150, 900])
+    async def test_deeper_arguments_are_read_as_their_text(
+        self, tmp_path: Path, levels: int
+    ) -> None:
+        """Those versions stored arguments up to about 990 levels deep (Python 3.11's
+        recursion limit); the decoder's own recursion stopped near 450 there."""
+        arguments = nested(levels)
         call = {"type": "tool_call", "id": "c1", "name": "lookup", "arguments": arguments}
         result = {"type": "tool_result", "call_id": "c1", "content": "shipped", "is_error": False}
         first_store(

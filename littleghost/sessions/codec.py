@@ -241,7 +241,10 @@ def _decode_part(data: Any, where: str) -> Part:
         if kind == "tool_call":
             arguments = data["arguments"]
             if not isinstance(arguments, str):  # deeper than MAX_DEPTH: ToolCall's text
-                arguments = _decode_value(arguments, f"{where} (tool_call) 'arguments'", None)
+                try:
+                    arguments = _decode_value(arguments, f"{where} (tool_call) 'arguments'", None)
+                except RecursionError:  # deeper than the decoder goes: JSON, as stored
+                    pass
             return ToolCall(data["id"], data["name"], arguments)
         if kind == "reasoning":
             return ReasoningPart(
