@@ -211,3 +211,14 @@ class TestNewerTables:
             f"{named} this littleghost does not know: written by a newer littleghost "
             "(upgrade littleghost to read it), or damaged"
         )
+
+    async def test_a_role_not_a_string_is_damage_alone(self, tmp_path: Path) -> None:
+        """No littleghost writes a role that is not a string: it is not blamed on a newer
+        one, as a role not known is."""
+        first_store(tmp_path / "damaged.db", {"s": [{**text("user", "Hi", "u1"), "role": 5}]})
+        async with SQLiteSessionStore(tmp_path / "damaged.db") as store:
+            with pytest.raises(CorruptSessionStoreError) as caught:
+                await store.load("s")
+        assert str(caught.value).endswith(
+            "message at position 0: a stored message cannot be read: its 'role' is not a string"
+        )
