@@ -731,6 +731,30 @@ async def test_a_usage_count_too_long_to_read_is_not_reported_and_the_answer_kep
     assert chat["gen_ai.usage.output_tokens"] == 6
 
 
+async def test_an_int_too_long_under_a_tool_s_usage_key_is_no_usage_count(
+    anthropic_model: Make,
+) -> None:
+    """A tool's input holding the key ``usage`` is no usage object: an int too long to
+    read there is the error it is anywhere else in an answer (it reached ``ToolCall`` as
+    an internal placeholder, a ``TypeError``)."""
+    block = {"type": "tool_use", "id": "t1", "name": "note", "input": {"usage": 1}}
+    sent = json.dumps(message_body([block], "tool_use")).encode()
+    sent = sent.replace(b'"usage": 1}', b'"usage": ' + TOO_LONG + b"}", 1)
+    answer = httpx2.Response(200, content=sent, headers=JSON)
+
+    class Noter(Agent):
+        max_retries = 0
+
+        @tool
+        async def note(self, usage: int) -> str:
+            """Note a number."""
+            return "noted"
+
+    with pytest.raises(ProviderError) as caught:
+        await Noter(model=anthropic_model(FakeServer(answer))).run("hi")
+    assert caught.value.code == "integer_too_long"
+
+
 class RecordingJson:
     """The ``json`` module, recording the keywords each ``loads`` is given, and whether
     what it read held ``TOO_LONG``."""

@@ -41,7 +41,7 @@ def too_long(error: BaseException) -> bool:
 
 def answer_json(text: str | bytes) -> Any:
     """``text``, a provider's JSON, read; an int too long to read is ``_UNREADABLE``
-    in a usage object (at any depth). Read as ``json.loads`` reads it, unless it holds
+    in a usage object (``_outside_usage``). Read as ``json.loads`` reads it, unless it holds
     such an int: then read again, each int by a callback (twice the time a stream's
     events take to read, were every event read so).
 
@@ -69,16 +69,20 @@ def answer_json(text: str | bytes) -> Any:
 
 
 def _outside_usage(value: object) -> bool:
-    """Whether ``_UNREADABLE`` is in ``value`` but in a usage object."""
-    left = [value]
+    """Whether ``_UNREADABLE`` is in ``value`` but in a usage object: one under the key
+    ``usage`` of ``value`` or of an object ``value`` holds (an event's ``message``), where
+    the APIs send usage; a tool's input holding the key is no usage object."""
+    left: list[tuple[object, int]] = [(value, 0)]
     while left:
-        item = left.pop()
+        item, depth = left.pop()
         if item is _UNREADABLE:
             return True
         if isinstance(item, Mapping):
-            left.extend(each for key, each in item.items() if key != _USAGE)
+            for key, each in item.items():
+                if key != _USAGE or depth > 1:
+                    left.append((each, depth + 1))
         elif isinstance(item, list):
-            left.extend(item)
+            left.extend((each, depth + 1) for each in item)
     return False
 
 
