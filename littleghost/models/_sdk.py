@@ -932,9 +932,9 @@ def noting_heads(client: Any) -> Any:
     """``client`` (an SDK's), its HTTP client keeping each answer's head on its request
     (``_note_head``) for the error of a body that then fails to arrive, and refusing a
     redirect that turns the POST into a GET or leads to another server
-    (``_refuse_redirect``): hooks added to the HTTP client, once (a client given is
-    shared with its copies); first, before the user's own hooks, which may read the
-    body."""
+    (``_refuse_redirect``), and keeping the answer for ``answer_or_events``
+    (``keep_answer``): hooks added to the HTTP client, once (a client given is shared
+    with its copies); first, before the user's own hooks, which may read the body."""
     hooks = getattr(getattr(client, "_client", None), "event_hooks", None)
     if isinstance(hooks, dict):
         response = hooks.setdefault("response", [])
