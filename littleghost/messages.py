@@ -123,7 +123,8 @@ def empty_image(part: object) -> bool:
     if part.data is not None:
         return not part.data
     url = part.url or ""
-    return url[:5].lower() == "data:" and not url.partition(",")[2]
+    comma = url.find(",")  # not partition: a request's check would copy every image
+    return url[:5].lower() == "data:" and comma in (-1, len(url) - 1)
 
 
 _EMPTY: Mapping[str, Any] = types.MappingProxyType({})

@@ -1753,7 +1753,11 @@ async def test_an_image_given_a_file_s_path_for_its_url_fails_before_anything(ur
         assert (await agent.run(taken)).output == "It looks fine."
 
 
-@pytest.mark.parametrize("image", [b"", "data:image/png;base64,"], ids=["bytes", "data-url"])
+@pytest.mark.parametrize(
+    "image",
+    [b"", "data:image/png;base64,", "DATA:image/png;base64,", "data:image/png"],
+    ids=["bytes", "data-url", "upper-case", "no-comma"],
+)
 async def test_an_empty_image_fails_before_anything(image: bytes | str) -> None:
     """An image without bytes went to the provider, which refuses it (a 400 after a round
     trip), and the question was stored with it first; a scripted test passed."""
