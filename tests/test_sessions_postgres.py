@@ -23,6 +23,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import traceback
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -207,6 +208,23 @@ class TestSchema:
                 await store.append(long, [Message.assistant("Hello")])
             await store.delete(long)
             assert await store.list_sessions() == ()
+
+    async def test_a_refused_write_shows_no_content_in_its_traceback(self, conninfo: str) -> None:
+        """A write a constraint of the tables refuses (a newer version's NOT NULL column):
+        PostgreSQL's DETAIL quotes the failing row, the first 64 bytes of each value: of a
+        message with a short id, its text. The error and its cause show the first line
+        only, as the message does."""
+        body = "zqx" + "wjv"  # short, to fit; and not in the traceback's source lines
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("s", [Message.user("first")])
+            await sql(conninfo, "ALTER TABLE littleghost_messages ADD COLUMN digest bytea")
+            await sql(conninfo, "UPDATE littleghost_messages SET digest = ''")
+            await sql(conninfo, "ALTER TABLE littleghost_messages ALTER digest SET NOT NULL")
+            with pytest.raises(SessionStoreError, match="NotNullViolation") as refused:
+                await store.append("s", [Message.user(body, id="m")])
+        shown = "".join(traceback.format_exception(refused.value))
+        assert "digest" in shown
+        assert body not in shown
 
     async def test_a_newer_schema_is_refused_and_left_untouched(self, conninfo: str) -> None:
         async with PostgresSessionStore(conninfo) as store:

@@ -1101,7 +1101,8 @@ class PostgresSessionStore:
             return work()
         except self._psycopg.Error as error:
             failed = f"PostgreSQL session store failed: {type(error).__name__}"
-            raise SessionStoreError(f"{failed}: {_first_line(error)}") from error
+            error.args = (_first_line(error),)  # its DETAIL may quote a row: a message
+            raise SessionStoreError(f"{failed}: {error.args[0]}") from error
 
     async def _prepared(self) -> SessionLocks:
         """The lock table of the store's schema, once its tables are checked."""
