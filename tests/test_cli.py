@@ -573,6 +573,26 @@ class TestUntrustedText:
             assert text in json.dumps(json.loads(done.stdout), ensure_ascii=False)
 
 
+    def test_arguments_typed_under_the_c_locale_without_utf_8_mode(self, tmp_path: Path) -> None:
+        """``LC_ALL=C`` with ``PYTHONUTF8=0`` (a cron job's, a container's environment):
+        Python reads the command line as ASCII, the UTF-8 bytes of an id or a
+        ``--message`` as lone surrogates; they are read as the UTF-8 they are (a session
+        named ``日本-🎌`` could not be named, and a message was all U+FFFD)."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        in_store(url, lambda store: store.append("日本-🎌", [Message.user("東京")]))
+        c_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
+        question = "明日の天気は？"
+        shown = python_m("sessions", "show", "日本-🎌", "--store", url, "--json", variables=c_locale)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["session"] == "日本-🎌"
+        viewed = python_m(
+            "sessions", "view", "日本-🎌", "--store", url, "--message", question, "--json",
+            variables=c_locale,
+        )  # fmt: skip
+        assert viewed.returncode == 0, viewed.stderr
+        assert question in json.dumps(json.loads(viewed.stdout), ensure_ascii=False)
+
+
 class TestShow:
     def test_the_whole_log_with_calls_results_and_records(self, store_url: str) -> None:
         log = load(store_url, "customer-42")
@@ -1937,12 +1957,15 @@ class TestErrors:
 
 
 def python_m(
-    *args: str, io_encoding: str | None = None, **options: Any
+    *args: str,
+    io_encoding: str | None = None,
+    variables: dict[str, str] | None = None,
+    **options: Any,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m littleghost ...`` in a process of its own, from the repository root
-    (its standard streams in ``io_encoding``, when given; its output captured unless
-    ``stdout=`` says where it goes)."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": ""}
+    (its standard streams in ``io_encoding``, when given; its environment with
+    ``variables`` too; its output captured unless ``stdout=`` says where it goes)."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "", **(variables or {})}
     if io_encoding is not None:
         environment["PYTHONIOENCODING"] = options["encoding"] = io_encoding
     return subprocess.run(

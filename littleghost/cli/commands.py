@@ -319,11 +319,31 @@ store_option = click.option(
 )
 
 
-def _session_id(context: click.Context, parameter: click.Parameter, value: str) -> str:
-    """``ID``, if it can name a stored session (a longer id than a session is written
-    under too: an earlier littleghost stored some)."""
+def _typed(value: str) -> str:
+    """Text from the command line as typed: where Python reads it as ASCII (``LC_ALL=C``
+    with UTF-8 mode off), the bytes of ``日本`` or ``café`` come as lone surrogates
+    (``\\udce6``), read here as the UTF-8 they are; text it read as the locale's own
+    (Latin-1, EUC-JP) is kept, and so are bytes that are no UTF-8."""
     try:
-        return check_session_id(value, stored=True)
+        value.encode()
+    except UnicodeEncodeError:
+        try:
+            return os.fsencode(value).decode()
+        except UnicodeError:
+            pass
+    return value
+
+
+def _message(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+    """``--message``, as typed (``_typed``)."""
+    return None if value is None else _typed(value)
+
+
+def _session_id(context: click.Context, parameter: click.Parameter, value: str) -> str:
+    """``ID`` as typed (``_typed``), if it can name a stored session (a longer id than a
+    session is written under too: an earlier littleghost stored some)."""
+    try:
+        return check_session_id(_typed(value), stored=True)
     except (TypeError, LittleGhostError) as error:
         raise click.BadParameter(str(error)) from None
 
@@ -422,6 +442,7 @@ def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
     "--message",
     "next_message",
     metavar="TEXT",
+    callback=_message,
     help="The next user message: the view is then exactly the next run's first request.",
 )
 @json_option
