@@ -6,6 +6,7 @@ import json
 import math
 import re
 import reprlib
+import unicodedata
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -131,8 +132,41 @@ def cut_line(text: str, keep_chars: int) -> str:
     return " ".join(cut_middle(" ".join(text.split()), keep_chars).split())
 
 
+_EXTENDING = re.compile("[\u200c\u200d\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f]")
+"""What extends the character before it though Unicode calls it no mark: joiners,
+variation selectors, skin tones, the tag characters of a subdivision's flag."""
+_FLAG_HALF = re.compile("[\U0001f1e6-\U0001f1ff]")
+"""The regional indicators, two of which make a flag (🇯 and 🇵: 🇯🇵)."""
+
+
+def _splits(text: str, at: int) -> bool:
+    """Whether a cut before ``text[at]`` splits what reads as one character: a letter
+    from its accents or vowel signs, an Indic consonant from the virama before it, an
+    emoji from its joiner, skin tone or variation, a flag from its second half."""
+    if at <= 0 or at >= len(text):
+        return False
+    char, before = text[at], text[at - 1]
+    if unicodedata.category(char).startswith("M") or _EXTENDING.match(char):
+        return True
+    if before == "\u200d" or unicodedata.combining(before) == 9:  # a joiner, a virama
+        return True
+    if not (_FLAG_HALF.match(char) and _FLAG_HALF.match(before)):
+        return False
+    start = at - 1
+    while start > 0 and _FLAG_HALF.match(text[start - 1]):
+        start -= 1
+    return (at - start) % 2 == 1
+
+
 def _cut(text: str, head: int, tail: int, unit: str) -> str:
-    """``text`` with its first ``head`` and last ``tail`` characters around a marker."""
+    """``text`` with its first ``head`` and last ``tail`` characters (fewer where the cut
+    would split what reads as one character: ``_splits``) around a marker."""
+    while _splits(text, head):
+        head -= 1
+    start = len(text) - tail
+    while tail and _splits(text, start):
+        start += 1
+    tail = len(text) - start
     amount: float = len(text) - head - tail
     if unit == "tokens":
         if not text.isascii():

@@ -46,7 +46,7 @@ from littleghost.context.tokens import ByteEstimator, CharacterEstimator, prompt
 from littleghost.errors import ContextWindowOverflowError
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse
-from littleghost.testing import ScriptedModel, text_response
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 pytestmark = pytest.mark.anyio
 
@@ -488,3 +488,40 @@ class TestLoneSurrogatesOutsideMessages:
         model = ScriptedModel([answer])
         assert (await Answering(model=model).run("Hi")).output == City("Oslo")
         assert "likes \ufffd tea" in repr(model.requests[0].output_schema)
+
+
+
+@pytest.mark.parametrize(
+    "unit",
+    [
+        "🇯🇵🇩🇪🇮🇱🇮🇳",  # flags: two regional indicators each
+        "👨\u200d👩\u200d👧\u200d👦",  # one emoji of four, joined
+        "👍🏽",  # an emoji and its skin tone
+        "e\u0301\u0302",  # a letter and its accents
+        "क्षि",  # a consonant, a virama, a consonant, a vowel sign: one syllable
+    ],
+)
+async def test_a_result_cut_to_its_tokens_splits_no_character_as_it_reads(unit: str) -> None:
+    """A tool result over ``max_tool_result_tokens`` keeps its first and last characters
+    whole as they read: no flag's half (every later flag read paired wrong: 🇯🇵🇩🇪 cut
+    after 🇩 left 🇪 to pair with the next half), no emoji cut at its joiner or from its
+    skin tone, no accent, vowel sign or virama parted from its letter."""
+    text = "Z" + unit * 80
+
+    class Echo(Agent):
+        max_tool_result_tokens = 24
+
+        @tool
+        def echo(self) -> str:
+            """The text."""
+            return text
+
+    model = ScriptedModel([tool_call_response("echo", {}), text_response("ok")])
+    await Echo(model=model).run("go")
+    [result] = model.requests[1].messages[-1].tool_results
+    head, marker, tail = re.split(r"(\n\[… \d+ tokens truncated …\]\n)", result.content)
+    assert marker and head.startswith("Z") and tail, ascii(result.content)
+    whole = unit * 80
+    assert whole.startswith(head[1:]) and whole.endswith(tail)
+    step = 2 if unit.startswith("🇯") else len(unit)
+    assert len(head[1:]) % step == 0 and len(tail) % step == 0, ascii(result.content)
