@@ -408,6 +408,19 @@ class TestRoundTrip:
         await store.append("s", messages[5:])
         assert_identical(await store.load("s"), messages)
 
+    async def test_ids_are_compared_exactly(self, store: BuiltinStore) -> None:
+        """Every store keeps ids that look alike or fold alike apart, and lists them in
+        the order first written: composed and decomposed forms (NFC, NFD), case, a
+        trailing space, a zero-width space, ``ß`` and ``ss``, ``İ`` and ``i̇``."""
+        ids = ["café", "cafe\u0301", "Café", "CAFÉ", "café ", "ca\u200bfé", "ß", "ss", "İ", "i\u0307"]
+        for index, session_id in enumerate(ids):
+            await store.append(session_id, [Message.user(str(index))])
+        assert await store.list_sessions() == tuple(ids)
+        for index, session_id in enumerate(ids):
+            assert [message.text for message in await store.load(session_id)] == [str(index)]
+        await store.delete("cafe\u0301")
+        assert await store.list_sessions() == tuple(ids[:1] + ids[2:])
+
     async def test_hostile_text_in_every_field_comes_back_identical(
         self, store: BuiltinStore
     ) -> None:
