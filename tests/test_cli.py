@@ -573,6 +573,25 @@ class TestUntrustedText:
             assert text in json.dumps(json.loads(done.stdout), ensure_ascii=False)
 
 
+    def test_an_id_the_output_encoding_lacks_is_written_as_escapes_that_read_back(
+        self, tmp_path: Path
+    ) -> None:
+        """On a Latin-1 terminal an id beyond it is in ANSI-C quotes with ``\\u`` escapes,
+        which a shell reads back as the id (in single quotes, as the encoding's
+        backslash escapes, it read back as other text: the id of those very characters);
+        one the encoding has stays as it is."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        ids = ["日本-🎌", "\\u65e5", "café"]
+        for session_id in ids:
+            in_store(url, lambda store, sid=session_id: store.append(sid, [Message.user("x")]))
+        listed = python_m("sessions", "list", "--store", url, io_encoding="latin-1")
+        assert listed.returncode == 0, listed.stderr
+        words = [line.split("\t")[-1] for line in listed.stdout.splitlines()[1:]]
+        assert words == ["$'\\u65e5\\u672c-\\U0001f38c'", "'\\u65e5'", "'café'"]
+        assert shell_read(words) == ids
+        missing = python_m("sessions", "show", "日本", "--store", url, io_encoding="latin-1")
+        assert "no session $'\\u65e5\\u672c'" in missing.stderr
+
     def test_arguments_typed_under_the_c_locale_without_utf_8_mode(self, tmp_path: Path) -> None:
         """``LC_ALL=C`` with ``PYTHONUTF8=0`` (a cron job's, a container's environment):
         Python reads the command line as ASCII, the UTF-8 bytes of an id or a

@@ -91,18 +91,32 @@ def shell_word(text: str, *, in_prose: bool = False) -> str:
     print: bare when it is only ASCII letters, digits and ``_@%+=:,./-`` and starts with
     no ``-`` (unless ``in_prose``: a sentence quotes it all the same); else in single
     quotes (``'a b'``, ``''``, ``'it'\\''s'``); and when it holds what ``shown`` escapes,
-    or is not in Unicode's NFC form (``cafe\\u0301``, which would look like ``café``), in
-    ANSI-C quotes with those escapes, all beyond ASCII in the second case (``$'a\\nb'``,
+    or is not in Unicode's NFC form (``cafe\\u0301``, which would look like ``café``), or
+    holds what standard output's encoding lacks (``日本`` on a Latin-1 terminal), in ANSI-C
+    quotes with those escapes, all beyond ASCII in the last two cases (``$'a\\nb'``,
     ``$'cafe\\u0301'``: bash, zsh, ksh, and POSIX sh since 2024)."""
     if not in_prose and _BARE_WORD.fullmatch(text) and not text.startswith("-"):
         return text
-    composed = unicodedata.is_normalized("NFC", text)
-    if composed and _CONTROL.search(text) is None:
+    plain = unicodedata.is_normalized("NFC", text) and _writable(text)
+    if plain and _CONTROL.search(text) is None:
         return "'" + text.replace("'", "'\\''") + "'"
     body = text.replace("\\", "\\\\").replace("'", "\\'")
-    escaped = _CONTROL if composed else _BEYOND_ASCII
+    escaped = _CONTROL if plain else _BEYOND_ASCII
     # in $'...' a \x is a byte, not a character: \u from U+0080 on
     return "$'" + escaped.sub(functools.partial(_escape, bytes_below=0x80), body) + "'"
+
+
+def _writable(text: str) -> bool:
+    """Whether standard output's encoding has every character of ``text`` (click writes
+    UTF-8 where it is ASCII: a C locale's)."""
+    encoding = getattr(sys.stdout, "encoding", None)
+    if text.isascii() or encoding is None or codecs.lookup(encoding).name == "ascii":
+        return True
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def quoted(text: str) -> str:
