@@ -572,7 +572,6 @@ class TestUntrustedText:
             assert done.returncode == 0, done.stderr
             assert text in json.dumps(json.loads(done.stdout), ensure_ascii=False)
 
-
     def test_an_id_the_output_encoding_lacks_is_written_as_escapes_that_read_back(
         self, tmp_path: Path
     ) -> None:
@@ -601,7 +600,9 @@ class TestUntrustedText:
         in_store(url, lambda store: store.append("日本-🎌", [Message.user("東京")]))
         c_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
         question = "明日の天気は？"
-        shown = python_m("sessions", "show", "日本-🎌", "--store", url, "--json", variables=c_locale)
+        shown = python_m(
+            "sessions", "show", "日本-🎌", "--store", url, "--json", variables=c_locale
+        )
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["session"] == "日本-🎌"
         viewed = python_m(

@@ -490,7 +490,6 @@ class TestLoneSurrogatesOutsideMessages:
         assert "likes \ufffd tea" in repr(model.requests[0].output_schema)
 
 
-
 @pytest.mark.parametrize(
     "unit",
     [

@@ -412,7 +412,8 @@ class TestRoundTrip:
         """Every store keeps ids that look alike or fold alike apart, and lists them in
         the order first written: composed and decomposed forms (NFC, NFD), case, a
         trailing space, a zero-width space, ``ß`` and ``ss``, ``İ`` and ``i̇``."""
-        ids = ["café", "cafe\u0301", "Café", "CAFÉ", "café ", "ca\u200bfé", "ß", "ss", "İ", "i\u0307"]
+        ids = ["café", "cafe\u0301", "Café", "CAFÉ", "café ", "ca\u200bfé"]
+        ids += ["ß", "ss", "İ", "i\u0307"]
         for index, session_id in enumerate(ids):
             await store.append(session_id, [Message.user(str(index))])
         assert await store.list_sessions() == tuple(ids)
