@@ -148,8 +148,10 @@ def _splits(text: str, at: int) -> bool:
     char, before = text[at], text[at - 1]
     if unicodedata.category(char).startswith("M") or _EXTENDING.match(char):
         return True
-    if before == "\u200d" or unicodedata.combining(before) == 9:  # a joiner, a virama
+    if before == "\u200d":
         return True
+    if unicodedata.combining(before) == 9:  # a virama: the letter after it is joined
+        return unicodedata.category(char).startswith("L")
     if not (_FLAG_HALF.match(char) and _FLAG_HALF.match(before)):
         return False
     start = at - 1
