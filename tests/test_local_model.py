@@ -2029,7 +2029,8 @@ def test_bad_arguments_are_configuration_errors(
 
 
 # Histories whose estimate is off by about 2 to 3 times on SmolLM2: digit lists, JSON tool
-# results, Japanese (×1.9; ×7 before characters beyond ASCII were weighed) and Korean (×2.5).
+# results, Japanese (×1.9; ×7 before characters beyond ASCII were weighed) and Korean (×2.5);
+# Thai (×2), Hindi (×1.5) and emoji joined into sequences, with flags and skin tones (×2.1).
 # Each overflows the 512-token window on its first call.
 def dense_history(kind: str, pairs: int) -> list[Message]:
     rng = random.Random(kind)
@@ -2063,6 +2064,23 @@ def dense_history(kind: str, pairs: int) -> list[Message]:
                 Message.user(f"メモ{index}: 東京の天気は晴れです。明日は雨が降るでしょう。" * 3),
                 Message.assistant(f"了解しました {index}。"),
             ]
+        elif kind == "thai":
+            messages += [
+                Message.user(f"บันทึก{index}: วันนี้อากาศที่กรุงเทพแจ่มใส พรุ่งนี้ฝนจะตก " * 3),
+                Message.assistant(f"รับทราบ {index}"),
+            ]
+        elif kind == "hindi":
+            messages += [
+                Message.user(f"नोट{index}: आज दिल्ली में मौसम साफ़ है। कल बारिश होगी। " * 3),
+                Message.assistant(f"ठीक है {index}।"),
+            ]
+        elif kind == "emoji":
+            messages += [
+                Message.user(
+                    f"note{index}: 👨\u200d👩\u200d👧\u200d👦🏳️\u200d🌈👩🏽\u200d💻🇯🇵🇮🇳🇩🇪🇮🇱 " * 3
+                ),
+                Message.assistant(f"👍 {index}"),
+            ]
         else:
             messages += [
                 Message.user(f"메모{index}: 서울의 날씨는 맑습니다. 내일은 비가 올 것입니다. " * 3),
@@ -2084,7 +2102,15 @@ class Dense(Agent):
 
 @pytest.mark.parametrize(
     ("anyio_backend", "kind"),
-    [("asyncio", "digits"), ("trio", "json"), ("trio", "japanese"), ("asyncio", "korean")],
+    [
+        ("asyncio", "digits"),
+        ("trio", "json"),
+        ("trio", "japanese"),
+        ("asyncio", "korean"),
+        ("trio", "thai"),
+        ("asyncio", "hindi"),
+        ("trio", "emoji"),
+    ],
 )  # each kind under one backend, each backend with two: the real calls are the same
 async def test_an_underestimated_history_is_recovered_once_by_a_summary(
     local: LocalModel, spans: Spans, kind: str
