@@ -132,9 +132,13 @@ def cut_line(text: str, keep_chars: int) -> str:
     return " ".join(cut_middle(" ".join(text.split()), keep_chars).split())
 
 
-_EXTENDING = re.compile("[\u200c\u200d\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f]")
+_EXTENDING = re.compile(
+    "[\u200c\u200d\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f"
+    "\u1160-\u11ff\ud7b0-\ud7ff]"
+)
 """What extends the character before it though Unicode calls it no mark: joiners,
-variation selectors, skin tones, the tag characters of a subdivision's flag."""
+variation selectors, skin tones, the tag characters of a subdivision's flag, the vowel
+and final jamo of a decomposed Korean syllable (NFD: 한 is ᄒ, ᅡ, ᆫ)."""
 _FLAG_HALF = re.compile("[\U0001f1e6-\U0001f1ff]")
 """The regional indicators, two of which make a flag (🇯 and 🇵: 🇯🇵)."""
 
@@ -142,7 +146,8 @@ _FLAG_HALF = re.compile("[\U0001f1e6-\U0001f1ff]")
 def _splits(text: str, at: int) -> bool:
     """Whether a cut before ``text[at]`` splits what reads as one character: a letter
     from its accents or vowel signs, an Indic consonant from the virama before it, an
-    emoji from its joiner, skin tone or variation, a flag from its second half."""
+    emoji from its joiner, skin tone or variation, a flag from its second half, a
+    decomposed Korean syllable from its vowel or final jamo."""
     if at <= 0 or at >= len(text):
         return False
     char, before = text[at], text[at - 1]

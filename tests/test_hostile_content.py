@@ -498,6 +498,7 @@ class TestLoneSurrogatesOutsideMessages:
         "👍🏽",  # an emoji and its skin tone
         "e\u0301\u0302",  # a letter and its accents
         "क्षि",  # a consonant, a virama, a consonant, a vowel sign: one syllable
+        "\u1112\u1161\u11ab",  # 한 decomposed (NFD, as macOS keeps file names): 3 jamo
     ],
 )
 async def test_a_result_cut_to_its_tokens_splits_no_character_as_it_reads(unit: str) -> None:
