@@ -1779,12 +1779,19 @@ class TestErrors:
     def test_a_malformed_connection_string_keeps_its_password(self, conninfo: str) -> None:
         """A connection string libpq cannot parse is a wrong ``--store`` (exit 2), as a
         wrong SQLite address is, for every command (it was exit 1, as the store was
-        opened), and the error quotes none of it."""
+        opened), and the error quotes none of it; nor does the store's, or an exception
+        it was raised during (libpq's, which quotes it, was its suppressed context)."""
         for command in (["list"], ["show", "s"], ["delete", "s", "--yes"]):
             line = fails(2, "sessions", *command, "--store", conninfo)
             assert "Invalid value for '--store'" in line
             assert "is not a valid PostgreSQL URL or conninfo (" in line
             assert "s3cr" not in line and "app" not in line
+        with pytest.raises(ConfigurationError) as caught:
+            PostgresSessionStore(conninfo)
+        error: BaseException | None = caught.value
+        while error is not None:
+            assert "s3cr" not in str(error), repr(error)
+            error = error.__cause__ or error.__context__
 
     def test_a_password_holding_a_bare_at_stays_out_of_the_error(self) -> None:
         """libpq ends the password at its first ``@`` and takes the rest for the host,
