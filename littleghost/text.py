@@ -139,8 +139,13 @@ _EXTENDING = re.compile(
 """What extends the character before it though Unicode calls it no mark: joiners,
 variation selectors, skin tones, the tag characters of a subdivision's flag, the vowel
 and final jamo of a decomposed Korean syllable (NFD: 한 is ᄒ, ᅡ, ᆫ)."""
-_FLAG_HALF = re.compile("[\U0001f1e6-\U0001f1ff]")
+_FLAG_HALVES = "".join(map(chr, range(0x1F1E6, 0x1F200)))
 """The regional indicators, two of which make a flag (🇯 and 🇵: 🇯🇵)."""
+_FLAG_HALF = re.compile(f"[{_FLAG_HALVES}]")
+_LONGEST_CHARACTER = 32
+"""The most code points a cut moves to keep what reads as one character whole: a longer
+run (a letter under a thousand accents) reads as no character, and is cut where it falls
+(in time bounded by this, not by the text's length)."""
 
 
 def _splits(text: str, at: int) -> bool:
@@ -159,21 +164,24 @@ def _splits(text: str, at: int) -> bool:
         return unicodedata.category(char).startswith("L")
     if not (_FLAG_HALF.match(char) and _FLAG_HALF.match(before)):
         return False
-    start = at - 1
-    while start > 0 and _FLAG_HALF.match(text[start - 1]):
-        start -= 1
-    return (at - start) % 2 == 1
+    head = text[:at]
+    return (len(head) - len(head.rstrip(_FLAG_HALVES))) % 2 == 1  # the run's halves before
+
+
+def _boundary(text: str, at: int, step: int) -> int:
+    """The nearest place from ``at`` on, by ``step`` (-1, 1), where a cut splits nothing
+    (``_splits``) within ``_LONGEST_CHARACTER`` code points, else ``at``."""
+    for place in range(at, at + step * _LONGEST_CHARACTER, step):
+        if not _splits(text, place):
+            return place
+    return at
 
 
 def _cut(text: str, head: int, tail: int, unit: str) -> str:
     """``text`` with its first ``head`` and last ``tail`` characters (fewer where the cut
-    would split what reads as one character: ``_splits``) around a marker."""
-    while _splits(text, head):
-        head -= 1
-    start = len(text) - tail
-    while tail and _splits(text, start):
-        start += 1
-    tail = len(text) - start
+    would split what reads as one character: ``_boundary``) around a marker."""
+    head = _boundary(text, head, -1)
+    tail = len(text) - _boundary(text, len(text) - tail, 1)
     amount: float = len(text) - head - tail
     if unit == "tokens":
         if not text.isascii():

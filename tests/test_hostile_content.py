@@ -525,3 +525,26 @@ async def test_a_result_cut_to_its_tokens_splits_no_character_as_it_reads(unit: 
     assert whole.startswith(head[1:]) and whole.endswith(tail)
     step = 2 if unit.startswith("🇯") else len(unit)
     assert len(head[1:]) % step == 0 and len(tail) % step == 0, ascii(result.content)
+
+
+async def test_a_result_of_a_thousand_accents_on_one_letter_is_cut_where_it_falls() -> None:
+    """A run of combining marks longer than any character anyone reads (hostile output:
+    one letter under thousands of accents) is cut where the cut falls: the result keeps
+    its head and its tail (the cut walked to the run's ends, keeping neither, in time
+    that grew with the run)."""
+    text = "Z" + "a" + "\u0301" * 5000 + "!"
+
+    class Echo(Agent):
+        max_tool_result_tokens = 200
+
+        @tool
+        def echo(self) -> str:
+            """The text."""
+            return text
+
+    model = ScriptedModel([tool_call_response("echo", {}), text_response("ok")])
+    await Echo(model=model).run("go")
+    [result] = model.requests[1].messages[-1].tool_results
+    head, marker, tail = re.split(r"(\n\[… \d+ tokens truncated …\]\n)", result.content)
+    assert marker and len(head) > 100 and len(tail) > 100, ascii(result.content)
+    assert head.startswith("Za\u0301") and tail.endswith("\u0301!")
