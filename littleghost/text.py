@@ -145,7 +145,7 @@ _FLAG_HALF = re.compile(f"[{_FLAG_HALVES}]")
 _LONGEST_CHARACTER = 32
 """The most code points a cut moves to keep what reads as one character whole: a longer
 run (a letter under a thousand accents) reads as no character, and is cut where it falls
-(in time bounded by this, not by the text's length)."""
+(in at most this many steps, whatever the run's length)."""
 
 
 def _splits(text: str, at: int) -> bool:
