@@ -490,6 +490,26 @@ class TestLoneSurrogatesOutsideMessages:
         assert "likes \ufffd tea" in repr(model.requests[0].output_schema)
 
 
+async def cut_result(text: str, tokens: int) -> tuple[str, str]:
+    """The head and the tail a run's tool result ``text`` keeps, cut to ``tokens``
+    (``max_tool_result_tokens``) around its marker."""
+
+    class Echo(Agent):
+        max_tool_result_tokens = tokens
+
+        @tool
+        def echo(self) -> str:
+            """The text."""
+            return text
+
+    model = ScriptedModel([tool_call_response("echo", {}), text_response("ok")])
+    await Echo(model=model).run("go")
+    [result] = model.requests[1].messages[-1].tool_results
+    head, marker, tail = re.split(r"(\n\[… \d+ tokens truncated …\]\n)", result.content)
+    assert marker, ascii(result.content)
+    return head, tail
+
+
 @pytest.mark.parametrize(
     "unit",
     [
@@ -506,25 +526,12 @@ async def test_a_result_cut_to_its_tokens_splits_no_character_as_it_reads(unit: 
     whole as they read: no flag's half (every later flag read paired wrong: 🇯🇵🇩🇪 cut
     after 🇩 left 🇪 to pair with the next half), no emoji cut at its joiner or from its
     skin tone, no accent, vowel sign or virama parted from its letter."""
-    text = "Z" + unit * 80
-
-    class Echo(Agent):
-        max_tool_result_tokens = 24
-
-        @tool
-        def echo(self) -> str:
-            """The text."""
-            return text
-
-    model = ScriptedModel([tool_call_response("echo", {}), text_response("ok")])
-    await Echo(model=model).run("go")
-    [result] = model.requests[1].messages[-1].tool_results
-    head, marker, tail = re.split(r"(\n\[… \d+ tokens truncated …\]\n)", result.content)
-    assert marker and head.startswith("Z") and tail, ascii(result.content)
+    head, tail = await cut_result("Z" + unit * 80, 24)
+    assert head.startswith("Z") and tail, ascii(head + tail)
     whole = unit * 80
     assert whole.startswith(head[1:]) and whole.endswith(tail)
     step = 2 if unit.startswith("🇯") else len(unit)
-    assert len(head[1:]) % step == 0 and len(tail) % step == 0, ascii(result.content)
+    assert len(head[1:]) % step == 0 and len(tail) % step == 0, ascii(head + tail)
 
 
 async def test_a_result_of_a_thousand_accents_on_one_letter_is_cut_where_it_falls() -> None:
@@ -532,19 +539,6 @@ async def test_a_result_of_a_thousand_accents_on_one_letter_is_cut_where_it_fall
     one letter under thousands of accents) is cut where the cut falls: the result keeps
     its head and its tail (the cut walked to the run's ends, keeping neither, in time
     that grew with the run)."""
-    text = "Z" + "a" + "\u0301" * 5000 + "!"
-
-    class Echo(Agent):
-        max_tool_result_tokens = 200
-
-        @tool
-        def echo(self) -> str:
-            """The text."""
-            return text
-
-    model = ScriptedModel([tool_call_response("echo", {}), text_response("ok")])
-    await Echo(model=model).run("go")
-    [result] = model.requests[1].messages[-1].tool_results
-    head, marker, tail = re.split(r"(\n\[… \d+ tokens truncated …\]\n)", result.content)
-    assert marker and len(head) > 100 and len(tail) > 100, ascii(result.content)
+    head, tail = await cut_result("Z" + "a" + "\u0301" * 5000 + "!", 200)
+    assert len(head) > 100 and len(tail) > 100, ascii(head + tail)
     assert head.startswith("Za\u0301") and tail.endswith("\u0301!")
