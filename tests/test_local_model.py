@@ -2028,6 +2028,15 @@ def test_bad_arguments_are_configuration_errors(
         LocalModel()
 
 
+_NOTES = {  # per language, a note (said three times) and its answer
+    "japanese": ("メモ{}: 東京の天気は晴れです。明日は雨が降るでしょう。", "了解しました {}。"),
+    "thai": ("บันทึก{}: วันนี้อากาศที่กรุงเทพแจ่มใส พรุ่งนี้ฝนจะตก ", "รับทราบ {}"),
+    "hindi": ("नोट{}: आज दिल्ली में मौसम साफ़ है। कल बारिश होगी। ", "ठीक है {}।"),
+    "emoji": ("note{}: 👨\u200d👩\u200d👧\u200d👦🏳️\u200d🌈👩🏽\u200d💻🇯🇵🇮🇳🇩🇪🇮🇱 ", "👍 {}"),
+    "korean": ("메모{}: 서울의 날씨는 맑습니다. 내일은 비가 올 것입니다. ", "알겠습니다 {}."),
+}
+
+
 # Histories whose estimate is off by about 2 to 3 times on SmolLM2: digit lists, JSON tool
 # results, Japanese (×1.9; ×7 before characters beyond ASCII were weighed) and Korean (×2.5);
 # Thai (×2), Hindi (×1.5) and emoji joined into sequences, with flags and skin tones (×2.1).
@@ -2059,32 +2068,11 @@ def dense_history(kind: str, pairs: int) -> list[Message]:
                 Message.tool(call.id, payload),
                 Message.assistant(f"Order {index} has 12 items."),
             ]
-        elif kind == "japanese":
-            messages += [
-                Message.user(f"メモ{index}: 東京の天気は晴れです。明日は雨が降るでしょう。" * 3),
-                Message.assistant(f"了解しました {index}。"),
-            ]
-        elif kind == "thai":
-            messages += [
-                Message.user(f"บันทึก{index}: วันนี้อากาศที่กรุงเทพแจ่มใส พรุ่งนี้ฝนจะตก " * 3),
-                Message.assistant(f"รับทราบ {index}"),
-            ]
-        elif kind == "hindi":
-            messages += [
-                Message.user(f"नोट{index}: आज दिल्ली में मौसम साफ़ है। कल बारिश होगी। " * 3),
-                Message.assistant(f"ठीक है {index}।"),
-            ]
-        elif kind == "emoji":
-            messages += [
-                Message.user(
-                    f"note{index}: 👨\u200d👩\u200d👧\u200d👦🏳️\u200d🌈👩🏽\u200d💻🇯🇵🇮🇳🇩🇪🇮🇱 " * 3
-                ),
-                Message.assistant(f"👍 {index}"),
-            ]
         else:
+            note, answer = _NOTES[kind]
             messages += [
-                Message.user(f"메모{index}: 서울의 날씨는 맑습니다. 내일은 비가 올 것입니다. " * 3),
-                Message.assistant(f"알겠습니다 {index}."),
+                Message.user(note.format(index) * 3),
+                Message.assistant(answer.format(index)),
             ]
     return messages
 
